@@ -1,0 +1,96 @@
+"""Self-contained, pickle-free model files.
+
+A cdlm checkpoint is one ``.safetensors`` file: the weights of the process (embeddings) and the
+network, plus metadata holding the JSON configs that rebuild them and the tokenizer JSON. Loading
+never unpickles anything, and only ``cdlm.*`` / ``torch.*`` classes may be instantiated from the
+stored configs. Files are written to a temporary name and renamed, so a crash never leaves half a
+checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+from torch import nn
+
+from cdlm.data.tokenizer import serialise, wrap
+from cdlm.io import atomic_path
+
+FORMAT = "cdlm-1"
+ALLOWED_TARGETS = ("cdlm.", "torch.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or not a cdlm model file."""
+
+
+@dataclass
+class Model:
+    """Everything sampling needs: process, network, tokenizer and the stored configs."""
+
+    process: nn.Module
+    network: nn.Module
+    tokenizer: Any
+    config: dict[str, Any]
+
+    @property
+    def denoiser(self):
+        return self.process.make_denoiser(self.network)
+
+
+def save_checkpoint(path: str | Path, model: Model) -> None:
+    path = Path(path)
+    state = {f"process.{k}": v for k, v in model.process.state_dict().items()}
+    state |= {f"network.{k}": v for k, v in model.network.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    tok_json, specials = serialise(model.tokenizer)
+    metadata = {
+        "format": FORMAT,
+        "config": json.dumps(model.config),
+        "tokenizer": tok_json,
+        "special_tokens": json.dumps(specials),
+    }
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata=metadata)
+
+
+def _check_targets(node: Any) -> None:
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if target is not None and not str(target).startswith(ALLOWED_TARGETS):
+            raise CheckpointError(f"checkpoint names a disallowed class {target!r}")
+        for v in node.values():
+            _check_targets(v)
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Model:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
+    config = json.loads(meta["config"])
+    _check_targets(config)
+    process = instantiate(config["process"])
+    network = instantiate(config["network"])
+    for prefix, module in (("process.", process), ("network.", network)):
+        part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        try:
+            module.load_state_dict(part)
+        except RuntimeError as e:
+            raise CheckpointError(f"{path}: weights do not match the stored config: {e}") from None
+    tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
+    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)

@@ -1,0 +1,122 @@
+"""What both Hydra entry points share: config lookup, up-front validation, one-line errors.
+
+Hydra's own error output spans many lines; users get one line naming the problem instead. The
+overrides are composed once before Hydra runs, so a bad key or option fails before any work (and
+before any output file exists).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import sys
+from collections.abc import Callable
+
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, InstantiationException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from cdlm import config_dir
+
+USAGE_ERROR = 2
+
+
+class UsageError(ValueError):
+    """Bad user input: reported as one line, exit status 2."""
+
+
+def fail(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(USAGE_ERROR)
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """Hydra wraps errors raised in constructors; users need the innermost message."""
+    while isinstance(e, InstantiationException) and e.__cause__ is not None:
+        e = e.__cause__
+    return e
+
+
+def one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).split("\n")]
+    lines = lines[: next((i for i, ln in enumerate(lines) if ln.startswith("Config search")),
+                        len(lines))]
+    return " ".join(ln for ln in lines if ln)
+
+
+def _first_of_sweeps(overrides: list[str]) -> list[str]:
+    """Multirun sweeps (a=1,2) become their first value, so one composition checks the keys."""
+    out = []
+    for text, o in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+        if o.is_sweep_override():
+            first = next(iter(o.sweep_string_iterator()))
+            text = f"{o.get_key_element()}={first}"
+        out.append(text)
+    return out
+
+
+def _unknown_key_message(config_name: str, key: str) -> str:
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        base = compose(config_name)
+    *parents, leaf = key.lstrip("+~").split(".")
+    node = OmegaConf.select(base, ".".join(parents)) if parents else base
+    where = ".".join(parents) or "top level"
+    if isinstance(node, DictConfig):
+        return f"unknown config option {key!r}; options at {where}: {', '.join(map(str, node))}"
+    return f"unknown config option {key!r}"
+
+
+def compose_checked(config_name: str, overrides: list[str]) -> DictConfig:
+    """Composes like Hydra would, turning every failure into a ``UsageError``."""
+    try:
+        overrides = _first_of_sweeps([o for o in overrides if not o.startswith("hydra")])
+        with initialize_config_dir(str(config_dir()), version_base="1.3"):
+            return compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        text = str(e)
+        if text.startswith("Could not override"):
+            key = text.split("'")[1]
+            raise UsageError(_unknown_key_message(config_name, key)) from None
+        raise UsageError(one_line(text)) from None
+
+
+def default_wandb_mode() -> None:
+    """W&B runs offline unless the user has a key: never a login prompt, never a crash."""
+    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        has_login = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        has_login = False
+    if not has_login:
+        os.environ["WANDB_MODE"] = "offline"
+
+
+def run(prog: str, config_name: str, task: Callable[[DictConfig], None],
+        validate: Callable[[DictConfig], None]) -> None:
+    """Validates the command line, then hands it to ``@hydra.main`` (so -m sweeps work)."""
+    overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+    try:
+        validate(compose_checked(config_name, overrides))
+    except UsageError as e:
+        fail(prog, str(e))
+
+    def guarded(cfg: DictConfig) -> None:
+        try:
+            task(cfg)
+        except (ValueError, FileNotFoundError, InstantiationException) as e:
+            if os.environ.get("CDLM_DEBUG"):
+                raise
+            fail(prog, one_line(str(root_cause(e))))
+
+    hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(
+        guarded
+    )()
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)

@@ -1,0 +1,120 @@
+"""LightningDataModule: documents -> tokens -> fixed-length sequences with a label each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from cdlm.data.corpus import Document, load_documents
+from cdlm.data.tokenizer import corpus_bpe, pretrained
+
+
+class SequenceDataset(Dataset):
+    """tokens: (N, L) int64; labels: (N,) int64."""
+
+    def __init__(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
+        self.tokens, self.labels = tokens, labels
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"tokens": self.tokens[i], "label": self.labels[i]}
+
+
+class TextDataModule(L.LightningDataModule):
+    """Tokenises a corpus into fixed-length sequences and splits them deterministically.
+
+    Args:
+        path: None (bundled Austen), a .txt file, a folder of .txt files, or a HF dataset name.
+        tokenizer: None to train (once, cached) a byte-level BPE of ``vocab_size`` on the corpus,
+            or any HF tokenizer name/path.
+        seq_len: tokens per sequence.
+        packing: True packs each document into consecutive full sequences (EOS after every
+            paragraph); False gives one paragraph per sequence, cut or padded with PAD after EOS.
+        val_fraction: the last fraction of each document's sequences is held out (contiguous, so
+            no validation text leaks into training through overlapping context).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        tokenizer: str | None = None,
+        vocab_size: int = 8192,
+        seq_len: int = 128,
+        batch_size: int = 32,
+        packing: bool = True,
+        val_fraction: float = 0.02,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        text_column: str = "text",
+        label_column: str | None = None,
+    ) -> None:
+        super().__init__()
+        if seq_len < 2:
+            raise ValueError(f"data.seq_len must be >= 2, got {seq_len}")
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+        self.path, self.tokenizer_name, self.vocab_size_target = path, tokenizer, vocab_size
+        self.seq_len, self.batch_size, self.packing = seq_len, batch_size, packing
+        self.val_fraction, self.num_workers = val_fraction, num_workers
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
+        self.text_column, self.label_column = text_column, label_column
+        self.tokenizer = None
+        self.labels: list[str] = []
+        self.train_set: SequenceDataset | None = None
+        self.val_set: SequenceDataset | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        docs = load_documents(self.path, self.text_column, self.label_column)
+        self.tokenizer = (
+            pretrained(self.tokenizer_name)
+            if self.tokenizer_name
+            else corpus_bpe(docs, self.vocab_size_target, self.cache_dir)
+        )
+        self.labels = sorted({d.label for d in docs})
+        train, val = [], []
+        for doc in docs:
+            seqs = self._sequences(doc)
+            n_val = max(1, round(len(seqs) * self.val_fraction)) if len(seqs) > 1 else 0
+            train += [(s, doc.label) for s in seqs[: len(seqs) - n_val]]
+            val += [(s, doc.label) for s in seqs[len(seqs) - n_val :]]
+        if not train or not val:
+            raise ValueError(
+                f"corpus too small: {len(train)} train / {len(val)} val sequences of "
+                f"{self.seq_len} tokens; give more text or a smaller data.seq_len"
+            )
+        self.train_set, self.val_set = self._dataset(train), self._dataset(val)
+
+    def _sequences(self, doc: Document) -> list[list[int]]:
+        tok, eos = self.tokenizer, self.tokenizer.eos_token_id
+        paragraphs = tok(doc.text.split("\n"), add_special_tokens=False)["input_ids"]
+        n = self.seq_len
+        if self.packing:
+            stream = [i for p in paragraphs for i in [*p, eos]]
+            return [stream[k : k + n] for k in range(0, len(stream) - n + 1, n)]
+        pad = tok.pad_token_id
+        return [(p[: n - 1] + [eos] + [pad] * n)[:n] for p in paragraphs if p]
+
+    def _dataset(self, rows: list[tuple[list[int], str]]) -> SequenceDataset:
+        index = {name: i for i, name in enumerate(self.labels)}
+        tokens = torch.tensor([r[0] for r in rows], dtype=torch.long)
+        return SequenceDataset(tokens, torch.tensor([index[r[1]] for r in rows]))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
+                          drop_last=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)

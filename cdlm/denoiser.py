@@ -1,0 +1,74 @@
+"""The denoiser contract shared by training, samplers, guidance and distillation.
+
+A denoiser is any callable ``denoiser(x_t, t, self_cond=None) -> Prediction``. Parameterisation and
+self-conditioning live in small wrappers here, so samplers stay ignorant of both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class Prediction:
+    """x0: (B, L, D) estimate of the clean embeddings; logits: (B, L, V) token logits."""
+
+    x0: Tensor
+    logits: Tensor
+
+
+class Denoiser(Protocol):
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction: ...
+
+
+class EmbeddingDenoiser:
+    """Wraps a network for embedding diffusion.
+
+    With ``predicts_logits`` (CDCD) the network outputs token logits and x0 is the expected
+    embedding softmax(logits) @ E; otherwise (Diffusion-LM) it outputs x0 and the logits are the
+    nearest-embedding readout of that x0. A plain callable, not a module: it owns no parameters,
+    so wrapping never registers the network's weights twice.
+    """
+
+    def __init__(self, network: nn.Module, embedding: nn.Module, predicts_logits: bool) -> None:
+        self.network, self.embedding, self.predicts_logits = network, embedding, predicts_logits
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
+        out = self.network(x_t, t, self_cond)
+        if self.predicts_logits:
+            logits = out.float()
+            x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
+            return Prediction(x0=x0.to(x_t.dtype), logits=logits)
+        x0 = out.to(x_t.dtype)
+        return Prediction(x0=x0, logits=self.embedding.logits(x0))
+
+
+class SelfConditioned:
+    """Feeds each call the x0 estimate of the previous call (sampling-time self-conditioning,
+    Chen et al. 2022). Stateful by design: make one per sampling run."""
+
+    def __init__(self, denoiser: Denoiser) -> None:
+        self.denoiser = denoiser
+        self.previous: Tensor | None = None
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
+        pred = self.denoiser(x_t, t, self.previous if self_cond is None else self_cond)
+        self.previous = pred.x0
+        return pred
+
+
+class ClampToEmbeddings:
+    """Replaces the x0 estimate by the embedding of its argmax token at every step
+    (the "clamping trick" of Diffusion-LM, Li et al. 2022, Sec. 4.2)."""
+
+    def __init__(self, denoiser: Denoiser, embedding: nn.Module) -> None:
+        self.denoiser, self.embedding = denoiser, embedding
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
+        pred = self.denoiser(x_t, t, self_cond)
+        x0 = self.embedding(pred.logits.argmax(-1)).to(pred.x0.dtype)
+        return Prediction(x0=x0, logits=pred.logits)

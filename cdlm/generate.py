@@ -1,0 +1,86 @@
+"""Sampling driver shared by the CLI and the training callbacks: prior -> sampler -> tokens -> text."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cdlm.denoiser import ClampToEmbeddings, SelfConditioned
+from cdlm.samplers.base import Callback, check_compatible, uniform_grid
+
+ROUNDINGS = ("argmax", "nearest")
+
+
+@dataclass
+class Sample:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Generation:
+    """samples; nfe: network evaluations per sequence; wall_seconds: sampling time, all batches."""
+
+    samples: list[Sample]
+    nfe: int
+    wall_seconds: float
+
+
+def decode(tokenizer, ids: list[int]) -> Sample:
+    """Cuts at the first EOS (variable length) and drops special tokens from the text."""
+    eos = tokenizer.eos_token_id
+    if eos in ids:
+        ids = ids[: ids.index(eos)]
+    return Sample(text=tokenizer.decode(ids, skip_special_tokens=True).strip(), token_ids=ids)
+
+
+@torch.no_grad()
+def generate(
+    process: nn.Module,
+    network: nn.Module,
+    tokenizer,
+    sampler: Callable,
+    *,
+    steps: int,
+    num_samples: int,
+    seq_len: int,
+    seed: int = 0,
+    batch_size: int | None = None,
+    rounding: str = "argmax",
+    clamp: bool = False,
+    callback: Callback | None = None,
+) -> Generation:
+    """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
+
+    The same seed gives the same samples: all randomness comes from one generator on the model's
+    device. ``rounding``: ``argmax`` of the final logits, or the ``nearest`` embedding of the final
+    state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM).
+    """
+    for name, value in (("steps", steps), ("num_samples", num_samples), ("seq_len", seq_len)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    check_compatible(sampler, process.kind)
+    device = next(network.parameters()).device
+    generator = torch.Generator(device).manual_seed(seed)
+    timesteps = uniform_grid(steps, device)
+    batch_size = batch_size or num_samples
+    samples, nfe, start = [], 0, time.perf_counter()
+    for first in range(0, num_samples, batch_size):
+        n = min(batch_size, num_samples - first)
+        denoiser = SelfConditioned(process.make_denoiser(network))
+        if clamp:
+            denoiser = ClampToEmbeddings(denoiser, process.embedding)
+        x = process.prior((n, seq_len), device, generator)
+        out = sampler(denoiser, x, timesteps, process=process, generator=generator,
+                      callback=callback)
+        ids = out.prediction.logits.argmax(-1) if rounding == "argmax" else (
+            process.embedding.nearest(out.x))
+        samples += [decode(tokenizer, row) for row in ids.tolist()]
+        nfe = out.nfe
+    return Generation(samples=samples, nfe=nfe, wall_seconds=time.perf_counter() - start)

@@ -1,0 +1,139 @@
+"""The denoiser network: a Transformer with adaLN-Zero noise conditioning (DiT, Peebles & Xie
+2023), rotary positions (RoFormer, Su et al. 2021) and PyTorch's fused
+``scaled_dot_product_attention``.
+
+It takes explicit typed arguments and never reads a global config. It maps continuous inputs
+(B, L, in_dim), e.g. noisy token embeddings, plus a noise level per sequence to outputs
+(B, L, out_dim), e.g. token logits. The same code runs in fp32, under bf16 autocast, on CPU and on
+CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
+    """Sinusoidal features of a scalar per sequence, (B,) -> (B, dim). ``t`` in [0, 1] is scaled
+    by 1000 so that the lowest frequencies still resolve small noise-level differences."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device) / half)
+    args = 1000.0 * t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding applied to queries and keys, (B, H, L, Dh)."""
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float = 10_000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        length = x.shape[-2]
+        cos = self.cos[offset : offset + length].to(x.dtype)
+        sin = self.sin[offset : offset + length].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class Block(nn.Module):
+    """Pre-norm attention + MLP block whose norms are shifted, scaled and gated by the noise
+    conditioning (adaLN-Zero: gates start at zero, so each block starts as the identity)."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.norm1 = nn.LayerNorm(d_model, elementwise_affine=False)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.norm2 = nn.LayerNorm(d_model, elementwise_affine=False)
+        hidden = int(mlp_ratio * d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, d_model)
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.ada = nn.Linear(d_model, 6 * d_model)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, h: Tensor, c: Tensor, rotary: Rotary, causal: bool) -> Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, dim=-1)
+        b, length, d = h.shape
+        q, k, v = (
+            self.qkv(modulate(self.norm1(h), shift1, scale1))
+            .view(b, length, 3, self.n_heads, d // self.n_heads)
+            .permute(2, 0, 3, 1, 4)
+        )
+        attn = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=causal)
+        attn = attn.transpose(1, 2).reshape(b, length, d)
+        h = h + gate1[:, None] * self.dropout(self.proj(attn))
+        return h + gate2[:, None] * self.dropout(self.mlp(modulate(self.norm2(h), shift2, scale2)))
+
+
+class Transformer(nn.Module):
+    """Noise-conditioned Transformer, (B, L, in_dim) x (B,) -> (B, L, out_dim).
+
+    Args:
+        in_dim: width of each input vector (e.g. the diffusion embedding dimension).
+        out_dim: width of each output vector (e.g. the vocabulary size, for logits).
+        d_model, n_layers, n_heads, mlp_ratio, dropout: the usual Transformer sizes.
+        max_seq_len: longest sequence the rotary tables cover.
+        self_condition: accept a second input of width ``in_dim`` (the previous estimate of the
+            clean data, Chen et al. 2022 "Analog Bits"); zeros stand in when it is absent.
+        causal: causal instead of bidirectional attention.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        d_model: int = 256,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        max_seq_len: int = 1024,
+        self_condition: bool = True,
+        causal: bool = False,
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads or (d_model // n_heads) % 2:
+            raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} even heads")
+        self.in_dim, self.out_dim, self.d_model = in_dim, out_dim, d_model
+        self.self_condition, self.causal = self_condition, causal
+        self.in_proj = nn.Linear(in_dim * (2 if self_condition else 1), d_model)
+        self.time_mlp = nn.Sequential(
+            nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model)
+        )
+        self.rotary = Rotary(d_model // n_heads, max_seq_len)
+        self.blocks = nn.ModuleList(
+            Block(d_model, n_heads, mlp_ratio, dropout) for _ in range(n_layers)
+        )
+        self.norm_out = nn.LayerNorm(d_model, elementwise_affine=False)
+        self.ada_out = nn.Linear(d_model, 2 * d_model)
+        nn.init.zeros_(self.ada_out.weight)
+        nn.init.zeros_(self.ada_out.bias)
+        self.out_proj = nn.Linear(d_model, out_dim)
+
+    def forward(self, x: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Tensor:
+        """x: (B, L, in_dim); t: (B,) noise level in [0, 1]; self_cond: (B, L, in_dim) or None."""
+        if self.self_condition:
+            x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
+        h = self.in_proj(x)
+        c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
+        for block in self.blocks:
+            h = block(h, c, self.rotary, self.causal)
+        shift, scale = self.ada_out(c).chunk(2, dim=-1)
+        return self.out_proj(modulate(self.norm_out(h), shift, scale))

@@ -1,0 +1,149 @@
+"""Gaussian diffusion over learned token embeddings (Diffusion-LM, Li et al. 2022; CDCD,
+Dieleman et al. 2022; Plaid, Gulrajani & Hashimoto 2023).
+
+Tokens map to embeddings x0 = E[w] (learned, each row normalised to norm ``scale * sqrt(dim)`` so
+that the signal has a fixed size against unit-variance noise and cannot grow to escape it). The
+forward process is variance-preserving in continuous time: x_t = alpha(t) x0 + sigma(t) eps.
+
+Objectives:
+  * ``ce`` (default, CDCD): the network outputs token logits; the loss is their cross-entropy and
+    the denoised estimate is the expected embedding softmax(logits) @ E.
+  * ``mse`` (Diffusion-LM): the network outputs x0 directly; the loss is ||x0_hat - x0||^2 plus the
+    rounding term -log p(w | x0) with x0 drawn from q(x0 | w) at the lowest noise level.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cdlm.denoiser import Denoiser, EmbeddingDenoiser, Prediction
+from cdlm.processes.base import LevelMetrics, LossOutput, stratified_times
+from cdlm.schedules import CosineSchedule, Schedule
+
+OBJECTIVES = ("ce", "mse")
+
+
+class NormalizedEmbedding(nn.Module):
+    """Learned token embeddings with every row rescaled to norm ``scale * sqrt(dim)``."""
+
+    def __init__(self, vocab_size: int, dim: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab_size, dim))
+        self.dim, self.scale = dim, scale
+
+    def table(self) -> Tensor:
+        """(V, D) normalised embedding table."""
+        return F.normalize(self.weight, dim=-1) * (self.scale * math.sqrt(self.dim))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, L) token ids -> (B, L, D) embeddings."""
+        return self.table()[tokens]
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Nearest-embedding readout, (B, L, D) -> (B, L, V): -||x - e_v||^2 / 2 up to a constant
+        per position (rows share one norm), so its argmax is the nearest embedding."""
+        return x.float() @ self.table().float().T
+
+    def nearest(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, L) ids of the nearest embeddings."""
+        return self.logits(x).argmax(-1)
+
+
+class GaussianProcess(nn.Module):
+    """Continuous-time VP diffusion over normalised token embeddings.
+
+    Args:
+        vocab_size: tokenizer size (filled in from the data at build time).
+        embed_dim: diffusion space dimension; small values (16-128) keep tokens confusable under
+            moderate noise, which is where the model must learn to use context.
+        schedule: a ``cdlm.schedules.Schedule``.
+        objective: ``ce`` (CDCD) or ``mse`` (Diffusion-LM x0-MSE + rounding).
+        embed_scale: multiplies the embedding norm sqrt(embed_dim).
+        self_cond_prob: probability per training batch of self-conditioning.
+    """
+
+    kind = "gaussian"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 64,
+        schedule: Schedule | None = None,
+        objective: str = "ce",
+        embed_scale: float = 1.0,
+        self_cond_prob: float = 0.5,
+    ) -> None:
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if not 0.0 <= self_cond_prob <= 1.0:
+            raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
+        self.vocab_size, self.embed_dim = vocab_size, embed_dim
+        self.schedule = schedule if schedule is not None else CosineSchedule()
+        self.objective, self.self_cond_prob = objective, self_cond_prob
+        self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
+
+    @property
+    def in_dim(self) -> int:
+        return self.embed_dim
+
+    @property
+    def out_dim(self) -> int:
+        return self.vocab_size if self.objective == "ce" else self.embed_dim
+
+    def make_denoiser(self, network: nn.Module) -> Denoiser:
+        return EmbeddingDenoiser(network, self.embedding, predicts_logits=self.objective == "ce")
+
+    def corrupt(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
+        """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,)."""
+        alpha, sigma = self.schedule.alpha(t), self.schedule.sigma(t)
+        return alpha[:, None, None] * x0 + sigma[:, None, None] * noise
+
+    def prior(
+        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
+    ) -> Tensor:
+        """x_1 ~ N(0, I), (B, L, D)."""
+        return torch.randn(*shape, self.embed_dim, device=device, generator=generator)
+
+    def _predict(self, denoiser: Denoiser, x_t: Tensor, t: Tensor, self_cond: bool) -> Prediction:
+        """One training/eval prediction; with self-conditioning, a first gradient-free pass
+        supplies the estimate the second pass is conditioned on (Chen et al. 2022)."""
+        estimate = None
+        if self_cond:
+            with torch.no_grad():
+                estimate = denoiser(x_t, t).x0.detach()
+        return denoiser(x_t, t, estimate)
+
+    def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
+        """tokens: (B, L). Returns the objective averaged over positions."""
+        t = stratified_times(tokens.shape[0], tokens.device)
+        x0 = self.embedding(tokens)
+        x_t = self.corrupt(x0, t, torch.randn_like(x0))
+        self_cond = self.training and random.random() < self.self_cond_prob
+        pred = self._predict(denoiser, x_t, t, self_cond)
+        ce = F.cross_entropy(pred.logits.float().flatten(0, 1), tokens.flatten())
+        if self.objective == "ce":
+            return LossOutput(ce, {"ce": ce.detach()})
+        mse = (pred.x0.float() - x0.float()).pow(2).sum(-1).mean()
+        x_low = self.corrupt(x0, torch.zeros_like(t), torch.randn_like(x0))
+        rounding = F.cross_entropy(self.embedding.logits(x_low).flatten(0, 1), tokens.flatten())
+        metrics = {"ce": ce.detach(), "mse": mse.detach(), "rounding": rounding.detach()}
+        return LossOutput(mse + rounding, metrics)
+
+    @torch.no_grad()
+    def evaluate_at(
+        self, denoiser: Denoiser, tokens: Tensor, t: float, generator: torch.Generator | None = None
+    ) -> LevelMetrics:
+        """Model CE/accuracy at a fixed noise level t, with self-conditioning if trained with it."""
+        x0 = self.embedding(tokens)
+        noise = torch.randn(x0.shape, device=x0.device, generator=generator)
+        tt = torch.full((tokens.shape[0],), t, device=tokens.device)
+        pred = self._predict(denoiser, self.corrupt(x0, tt, noise), tt, self.self_cond_prob > 0)
+        logits = pred.logits.float()
+        ce = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        return LevelMetrics(ce=ce, acc=(logits.argmax(-1) == tokens).float().mean())

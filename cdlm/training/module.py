@@ -1,0 +1,79 @@
+"""The LightningModule: a thin loop around ``process.loss(denoiser, tokens)``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import lightning as L
+import torch
+from torch import nn
+
+from cdlm.denoiser import Denoiser
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio`` of the peak at
+    ``total_steps``. Both are in optimizer steps, so a short budget gets a short schedule."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class DiffusionLM(L.LightningModule):
+    """Trains any process with any network.
+
+    Args:
+        process: owns corruption, loss and prior (``cdlm.processes``).
+        network: maps (x_t, t, self_cond) to the process's prediction.
+        optimizer: partial taking the parameters (Hydra ``_partial_: true``).
+        lr_scheduler: optional partial taking the optimizer; stepped every optimizer step.
+        eval_times: noise levels at which validation logs CE and token accuracy.
+    """
+
+    def __init__(
+        self,
+        process: nn.Module,
+        network: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        eval_times: Sequence[float] = (0.1, 0.5, 0.9),
+    ) -> None:
+        super().__init__()
+        self.process, self.network = process, network
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.eval_times = tuple(eval_times)
+
+    @property
+    def denoiser(self) -> Denoiser:
+        return self.process.make_denoiser(self.network)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.process.loss(self.denoiser, batch["tokens"])
+        self.log("train/loss", out.loss, prog_bar=True)
+        self.log_dict({f"train/{k}": v for k, v in out.metrics.items()})
+        return out.loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        tokens = batch["tokens"]
+        # Fixed noise per batch, so validation curves compare checkpoints, not noise draws.
+        generator = torch.Generator(tokens.device).manual_seed(batch_idx)
+        self.log("val/loss", self.process.loss(self.denoiser, tokens).loss, prog_bar=True)
+        for t in self.eval_times:
+            m = self.process.evaluate_at(self.denoiser, tokens, t, generator)
+            self.log(f"val/ce_t{t:g}", m.ce)
+            self.log(f"val/acc_t{t:g}", m.acc)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
