@@ -77,10 +77,14 @@ def generate(
         if clamp:
             denoiser = ClampToEmbeddings(denoiser, process.embedding)
         x = process.prior((n, seq_len), device, generator)
-        out = sampler(denoiser, x, timesteps, process=process, generator=generator,
-                      callback=callback)
-        ids = out.prediction.logits.argmax(-1) if rounding == "argmax" else (
-            process.embedding.nearest(out.x))
+        out = sampler(
+            denoiser, x, timesteps, process=process, generator=generator, callback=callback
+        )
+        ids = (
+            out.prediction.logits.argmax(-1)
+            if rounding == "argmax"
+            else (process.embedding.nearest(out.x))
+        )
         samples += [decode(tokenizer, row) for row in ids.tolist()]
         nfe = out.nfe
     return Generation(samples=samples, nfe=nfe, wall_seconds=time.perf_counter() - start)

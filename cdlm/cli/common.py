@@ -42,8 +42,9 @@ def root_cause(e: BaseException) -> BaseException:
 
 def one_line(text: str) -> str:
     lines = [ln.strip() for ln in str(text).split("\n")]
-    lines = lines[: next((i for i, ln in enumerate(lines) if ln.startswith("Config search")),
-                        len(lines))]
+    lines = lines[
+        : next((i for i, ln in enumerate(lines) if ln.startswith("Config search")), len(lines))
+    ]
     return " ".join(ln for ln in lines if ln)
 
 
@@ -95,8 +96,12 @@ def default_wandb_mode() -> None:
         os.environ["WANDB_MODE"] = "offline"
 
 
-def run(prog: str, config_name: str, task: Callable[[DictConfig], None],
-        validate: Callable[[DictConfig], None]) -> None:
+def run(
+    prog: str,
+    config_name: str,
+    task: Callable[[DictConfig], None],
+    validate: Callable[[DictConfig], None],
+) -> None:
     """Validates the command line, then hands it to ``@hydra.main`` (so -m sweeps work)."""
     overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:

@@ -20,10 +20,14 @@ def validate(cfg: DictConfig) -> None:
     require(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
     require(cfg.num_samples >= 1, f"num_samples must be >= 1, got {cfg.num_samples}")
     require(cfg.seq_len is None or cfg.seq_len >= 1, f"seq_len must be >= 1, got {cfg.seq_len}")
-    require(cfg.batch_size is None or cfg.batch_size >= 1,
-            f"batch_size must be >= 1, got {cfg.batch_size}")
-    require(cfg.rounding in ROUNDINGS,
-            f"unknown rounding {cfg.rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    require(
+        cfg.batch_size is None or cfg.batch_size >= 1,
+        f"batch_size must be >= 1, got {cfg.batch_size}",
+    )
+    require(
+        cfg.rounding in ROUNDINGS,
+        f"unknown rounding {cfg.rounding!r}; valid: {', '.join(ROUNDINGS)}",
+    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,21 +40,38 @@ def sample(cfg: DictConfig) -> None:
     model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
     sampler = instantiate(cfg.sampler)
     gen = generate(
-        model.process, model.network, model.tokenizer, sampler,
-        steps=cfg.steps, num_samples=cfg.num_samples, seq_len=cfg.seq_len or model.config["seq_len"],
-        seed=cfg.seed, batch_size=cfg.batch_size, rounding=cfg.rounding, clamp=cfg.clamp,
+        model.process,
+        model.network,
+        model.tokenizer,
+        sampler,
+        steps=cfg.steps,
+        num_samples=cfg.num_samples,
+        seq_len=cfg.seq_len or model.config["seq_len"],
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        rounding=cfg.rounding,
+        clamp=cfg.clamp,
     )
     name = sampler.func.sampler_name
     records = [
-        {"index": i, "text": s.text, "token_ids": s.token_ids, "sampler": name,
-         "steps": cfg.steps, "nfe": gen.nfe, "wall_seconds": round(gen.wall_seconds, 4),
-         "seed": cfg.seed}
+        {
+            "index": i,
+            "text": s.text,
+            "token_ids": s.token_ids,
+            "sampler": name,
+            "steps": cfg.steps,
+            "nfe": gen.nfe,
+            "wall_seconds": round(gen.wall_seconds, 4),
+            "seed": cfg.seed,
+        }
         for i, s in enumerate(gen.samples)
     ]
     for r in records:
         print(f"[{r['index']}] {r['text']}\n")
-    print(f"cdlm-sample: {len(records)} samples, sampler={name}, steps={cfg.steps}, "
-          f"NFE={gen.nfe}, {gen.wall_seconds:.2f}s")
+    print(
+        f"cdlm-sample: {len(records)} samples, sampler={name}, steps={cfg.steps}, "
+        f"NFE={gen.nfe}, {gen.wall_seconds:.2f}s"
+    )
     if cfg.out:
         atomic_write_text(Path(cfg.out), "".join(json.dumps(r) + "\n" for r in records))
         print(f"cdlm-sample: wrote {cfg.out}")

@@ -18,15 +18,17 @@ def validate(cfg: DictConfig) -> None:
     require(cfg.data.seq_len >= 2, f"data.seq_len must be >= 2, got {cfg.data.seq_len}")
     require(cfg.data.batch_size >= 1, f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
     steps = cfg.trainer.max_steps
-    require(steps is None or steps == -1 or steps >= 1,
-            f"trainer.max_steps must be >= 1 (or -1 for no limit), got {steps}")
+    require(
+        steps is None or steps == -1 or steps >= 1,
+        f"trainer.max_steps must be >= 1 (or -1 for no limit), got {steps}",
+    )
 
 
 def model_config(cfg: DictConfig, process, network_kwargs: dict, labels: list[str]) -> dict:
     """The resolved configs a checkpoint needs to rebuild the model without this run's files."""
     return {
-        "process": OmegaConf.to_container(cfg.process, resolve=True) | {
-            "vocab_size": process.vocab_size},
+        "process": OmegaConf.to_container(cfg.process, resolve=True)
+        | {"vocab_size": process.vocab_size},
         "network": OmegaConf.to_container(cfg.network, resolve=True) | network_kwargs,
         "seq_len": cfg.data.seq_len,
         "labels": labels,
@@ -35,29 +37,46 @@ def model_config(cfg: DictConfig, process, network_kwargs: dict, labels: list[st
 
 def train(cfg: DictConfig) -> None:
     default_wandb_mode()
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = instantiate(cfg.data)
     data.setup("fit")
     process = instantiate(cfg.process, vocab_size=data.vocab_size)
-    network_kwargs = {"in_dim": process.in_dim, "out_dim": process.out_dim,
-                      "max_seq_len": cfg.data.seq_len}
+    network_kwargs = {
+        "in_dim": process.in_dim,
+        "out_dim": process.out_dim,
+        "max_seq_len": cfg.data.seq_len,
+    }
     network = instantiate(cfg.network, **network_kwargs)
-    module = DiffusionLM(process, network, optimizer=instantiate(cfg.optimizer),
-                         lr_scheduler=instantiate(cfg.get("lr_scheduler")))
+    module = DiffusionLM(
+        process,
+        network,
+        optimizer=instantiate(cfg.optimizer),
+        lr_scheduler=instantiate(cfg.get("lr_scheduler")),
+    )
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     callbacks += [
-        ExportModel(out_dir / "model.safetensors",
-                    model_config(cfg, process, network_kwargs, data.labels), data.tokenizer),
-        LogSamples(data.tokenizer, cfg.data.seq_len, instantiate(cfg.log_samples.sampler),
-                   cfg.log_samples.every_n_steps, cfg.log_samples.num_samples,
-                   cfg.log_samples.steps),
+        ExportModel(
+            out_dir / "model.safetensors",
+            model_config(cfg, process, network_kwargs, data.labels),
+            data.tokenizer,
+        ),
+        LogSamples(
+            data.tokenizer,
+            cfg.data.seq_len,
+            instantiate(cfg.log_samples.sampler),
+            cfg.log_samples.every_n_steps,
+            cfg.log_samples.num_samples,
+            cfg.log_samples.steps,
+        ),
     ]
     logger = instantiate(cfg.logger) if cfg.logger else False
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     n_params = sum(p.numel() for p in module.parameters())
-    print(f"cdlm-train: {n_params / 1e6:.2f}M parameters, vocab {data.vocab_size}, "
-          f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output {out_dir}")
+    print(
+        f"cdlm-train: {n_params / 1e6:.2f}M parameters, vocab {data.vocab_size}, "
+        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output {out_dir}"
+    )
     trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
 
 

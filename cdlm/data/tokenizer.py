@@ -35,8 +35,9 @@ def train_bpe(docs: list[Document], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def wrap(tokenizer_json: str, special_tokens: dict[str, str] | None = None
-         ) -> PreTrainedTokenizerFast:
+def wrap(
+    tokenizer_json: str, special_tokens: dict[str, str] | None = None
+) -> PreTrainedTokenizerFast:
     """A serialised ``tokenizers`` JSON as a transformers tokenizer (how checkpoints carry it)."""
     return PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(tokenizer_json), **(special_tokens or SPECIAL_TOKENS)
@@ -48,14 +49,17 @@ def serialise(tok: PreTrainedTokenizerBase) -> tuple[str, dict[str, str]]:
     return tok.backend_tokenizer.to_str(), {k: getattr(tok, k) for k in SPECIAL_TOKENS}
 
 
-def corpus_bpe(docs: list[Document], vocab_size: int, cache_dir: Path | None = None
-               ) -> PreTrainedTokenizerFast:
+def corpus_bpe(
+    docs: list[Document], vocab_size: int, cache_dir: Path | None = None
+) -> PreTrainedTokenizerFast:
     """The corpus's own BPE, trained on first use and loaded from the cache afterwards."""
     digest = hashlib.sha256()
     for d in docs:
         digest.update(d.text.encode())
-    path = (cache_dir or default_cache_dir()) / "tokenizers" / (
-        f"bpe{vocab_size}-{digest.hexdigest()[:16]}.json"
+    path = (
+        (cache_dir or default_cache_dir())
+        / "tokenizers"
+        / (f"bpe{vocab_size}-{digest.hexdigest()[:16]}.json")
     )
     if not path.exists():
         atomic_write_text(path, train_bpe(docs, vocab_size).to_str())

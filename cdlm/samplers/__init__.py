@@ -4,6 +4,11 @@ from cdlm.samplers.base import SAMPLERS, SampleOutput, StepInfo, check_compatibl
 from cdlm.samplers.gaussian import sample_ddim, sample_ddpm
 
 __all__ = [
-    "SAMPLERS", "SampleOutput", "StepInfo", "check_compatible", "sample_ddim", "sample_ddpm",
+    "SAMPLERS",
+    "SampleOutput",
+    "StepInfo",
+    "check_compatible",
+    "sample_ddim",
+    "sample_ddpm",
     "uniform_grid",
 ]

@@ -61,9 +61,8 @@ def check_compatible(sampler: Callable, process_kind: str) -> None:
     if process_kind not in getattr(fn, "processes", ()):
         fits = sorted(n for n, kinds in SAMPLERS.items() if process_kind in kinds)
         name = getattr(fn, "sampler_name", getattr(fn, "__name__", str(fn)))
-        raise ValueError(
-            f"sampler {name!r} does not fit a {process_kind!r} model; use one of: {', '.join(fits)}"
-        )
+        hint = f"use one of: {', '.join(fits)}" if fits else "no registered sampler fits it"
+        raise ValueError(f"sampler {name!r} does not fit a {process_kind!r} model; {hint}")
 
 
 def uniform_grid(steps: int, device: torch.device | str = "cpu") -> Tensor:

@@ -15,7 +15,12 @@ from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
 
 
 def step_ddpm(
-    x: Tensor, x0: Tensor, alpha_t: Tensor, sigma_t: Tensor, alpha_s: Tensor, sigma_s: Tensor,
+    x: Tensor,
+    x0: Tensor,
+    alpha_t: Tensor,
+    sigma_t: Tensor,
+    alpha_s: Tensor,
+    sigma_s: Tensor,
     noise: Tensor,
 ) -> Tensor:
     """One ancestral step from t to s < t: a draw from the posterior q(x_s | x_t, x0_hat)
@@ -28,8 +33,14 @@ def step_ddpm(
 
 
 def step_ddim(
-    x: Tensor, x0: Tensor, alpha_t: Tensor, sigma_t: Tensor, alpha_s: Tensor, sigma_s: Tensor,
-    noise: Tensor, eta: float = 0.0,
+    x: Tensor,
+    x0: Tensor,
+    alpha_t: Tensor,
+    sigma_t: Tensor,
+    alpha_s: Tensor,
+    sigma_s: Tensor,
+    noise: Tensor,
+    eta: float = 0.0,
 ) -> Tensor:
     """One DDIM step from t to s < t (Song et al. 2021, eq. 12): eta = 0 is the deterministic
     ODE-like update, eta = 1 matches the DDPM posterior variance."""
@@ -50,8 +61,14 @@ def _loop(step, denoiser, x, timesteps, process, generator, callback, **step_kwa
             tt, ss = t.to(x.dtype), s.to(x.dtype)
             noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
             x = step(
-                x, pred.x0, schedule.alpha(tt), schedule.sigma(tt), schedule.alpha(ss),
-                schedule.sigma(ss), noise, **step_kwargs,
+                x,
+                pred.x0,
+                schedule.alpha(tt),
+                schedule.sigma(tt),
+                schedule.alpha(ss),
+                schedule.sigma(ss),
+                noise,
+                **step_kwargs,
             )
         if callback is not None:
             callback(StepInfo(i=i, t=float(t), s=float(s), x=x, prediction=pred))
@@ -61,8 +78,13 @@ def _loop(step, denoiser, x, timesteps, process, generator, callback, **step_kwa
 @register("ddpm", processes=("gaussian",))
 @torch.no_grad()
 def sample_ddpm(
-    denoiser: Denoiser, x: Tensor, timesteps: Tensor, *, process: GaussianProcess,
-    generator: torch.Generator | None = None, callback: Callback | None = None,
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: GaussianProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
 ) -> SampleOutput:
     """DDPM ancestral sampling (Ho et al. 2020): the reverse SDE discretised by posterior draws.
     x: (B, L, D) prior draw; timesteps: (T+1,) from 1 to 0."""
@@ -72,8 +94,14 @@ def sample_ddpm(
 @register("ddim", processes=("gaussian",))
 @torch.no_grad()
 def sample_ddim(
-    denoiser: Denoiser, x: Tensor, timesteps: Tensor, *, process: GaussianProcess,
-    generator: torch.Generator | None = None, callback: Callback | None = None, eta: float = 0.0,
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: GaussianProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    eta: float = 0.0,
 ) -> SampleOutput:
     """DDIM (Song et al. 2021); deterministic for eta = 0. x: (B, L, D); timesteps: (T+1,)."""
     if eta < 0:

@@ -45,8 +45,15 @@ class LogSamples(L.Callback):
     draws a few samples and logs them as a W&B table (and to the console), so a run's progress can
     be read, not just its loss. ``sampler`` is any sampler fitting the process."""
 
-    def __init__(self, tokenizer: Any, seq_len: int, sampler: Callable, every_n_steps: int = 500,
-                 num_samples: int = 4, steps: int = 32) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        seq_len: int,
+        sampler: Callable,
+        every_n_steps: int = 500,
+        num_samples: int = 4,
+        steps: int = 32,
+    ) -> None:
         self.tokenizer, self.seq_len, self.sampler = tokenizer, seq_len, sampler
         self.every, self.num_samples, self.steps = every_n_steps, num_samples, steps
         self.last_step = 0
@@ -55,8 +62,15 @@ class LogSamples(L.Callback):
         if self.num_samples < 1 or trainer.global_step == self.last_step:
             return
         self.last_step = trainer.global_step
-        gen = generate(pl_module.process, pl_module.network, self.tokenizer, self.sampler,
-                       steps=self.steps, num_samples=self.num_samples, seq_len=self.seq_len)
+        gen = generate(
+            pl_module.process,
+            pl_module.network,
+            self.tokenizer,
+            self.sampler,
+            steps=self.steps,
+            num_samples=self.num_samples,
+            seq_len=self.seq_len,
+        )
         rows = [[trainer.global_step, s.text] for s in gen.samples]
         for _, text in rows:
             rank_zero_info(f"[step {trainer.global_step}] {text[:300]}")

@@ -1,0 +1,79 @@
+"""Shared fixtures: a tiny corpus, a tiny trained checkpoint, and a quiet environment."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdlm.data.corpus import BUNDLED
+
+TINY_TRAIN = [
+    "data.vocab_size=300",
+    "data.seq_len=16",
+    "data.batch_size=4",
+    "network.d_model=32",
+    "network.n_layers=1",
+    "network.n_heads=2",
+    "process.embed_dim=8",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=1",
+    "trainer.precision=32-true",
+    "logger=csv",
+    "trainer.log_every_n_steps=1",
+    "lr_scheduler.warmup_steps=1",
+    "log_samples.num_samples=1",
+    "log_samples.steps=2",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quiet_env(tmp_path_factory):
+    """No W&B network, and a tokenizer cache private to the test session."""
+    os.environ["WANDB_MODE"] = "disabled"
+    os.environ["CDLM_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """Two real text files (the opening of two bundled novels), labels = file names."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for name in ("emma", "persuasion"):
+        with gzip.open(BUNDLED / f"{name}.txt.gz", "rt", encoding="utf-8") as f:
+            (folder / f"{name}.txt").write_text(f.read()[:30_000], encoding="utf-8")
+    return folder
+
+
+def run_cli(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    module = {"cdlm-train": "cdlm.cli.train", "cdlm-sample": "cdlm.cli.sample"}[prog]
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"PYTHONWARNINGS": "ignore"},
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+    """A 3-step model trained through the real CLI on the tiny corpus."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = run_cli(
+        "cdlm-train",
+        f"data.path={tiny_corpus}",
+        *TINY_TRAIN,
+        f"hydra.run.dir={run_dir}",
+        cwd=run_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    path = run_dir / "model.safetensors"
+    assert path.is_file()
+    return path

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from cdlm.checkpoint import CheckpointError, Model, load_checkpoint, save_checkpoint
+from cdlm.data.corpus import Document
+from cdlm.data.tokenizer import train_bpe, wrap
+from cdlm.networks.transformer import Transformer
+from cdlm.processes.gaussian import GaussianProcess
+from cdlm.schedules import SqrtSchedule
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    tok = wrap(train_bpe([Document("the cat sat on the mat " * 20, "x")], 280).to_str())
+    process = GaussianProcess(vocab_size=len(tok), embed_dim=8, schedule=SqrtSchedule())
+    network = Transformer(
+        in_dim=8, out_dim=len(tok), d_model=32, n_layers=1, n_heads=2, max_seq_len=16
+    )
+    config = {
+        "process": {
+            "_target_": "cdlm.processes.gaussian.GaussianProcess",
+            "vocab_size": len(tok),
+            "embed_dim": 8,
+            "schedule": {"_target_": "cdlm.schedules.SqrtSchedule"},
+        },
+        "network": {
+            "_target_": "cdlm.networks.transformer.Transformer",
+            "in_dim": 8,
+            "out_dim": len(tok),
+            "d_model": 32,
+            "n_layers": 1,
+            "n_heads": 2,
+            "max_seq_len": 16,
+        },
+        "seq_len": 16,
+        "labels": ["x"],
+    }
+    return Model(process, network, tok, config)
+
+
+def test_round_trip_gives_identical_predictions(model, tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, model)
+    loaded = load_checkpoint(path)
+    x, t = torch.randn(2, 16, 8), torch.rand(2)
+    torch.testing.assert_close(loaded.denoiser(x, t).logits, model.denoiser(x, t).logits)
+    assert isinstance(loaded.process.schedule, SqrtSchedule)
+    assert loaded.tokenizer.decode(loaded.tokenizer("the cat")["input_ids"]) == "the cat"
+    assert loaded.config["labels"] == ["x"]
+
+
+def test_failed_write_keeps_the_previous_file(model, tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, model)
+    before = path.read_bytes()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("cdlm.checkpoint.save_file", broken)
+    with pytest.raises(OSError):
+        save_checkpoint(path, model)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+
+
+def test_missing_corrupt_and_foreign_files_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(bad)
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": torch.zeros(2)}, str(foreign))
+    with pytest.raises(CheckpointError, match="not a cdlm checkpoint"):
+        load_checkpoint(foreign)
+
+
+def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
+    path = tmp_path / "evil.safetensors"
+    save_checkpoint(path, model)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    config = json.loads(meta["config"])
+    config["network"]["_target_"] = "os.system"
+    meta["config"] = json.dumps(config)
+    save_file(load_file(str(path)), str(path), metadata=meta)
+    with pytest.raises(CheckpointError, match="disallowed class 'os.system'"):
+        load_checkpoint(path)

@@ -1,0 +1,90 @@
+"""Every config file composes, and every group option instantiates."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from cdlm import config_dir
+from cdlm.networks.transformer import Transformer
+from cdlm.processes.gaussian import GaussianProcess
+
+CONF = config_dir()
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_config_dir_is_the_repo_conf():
+    assert (CONF / "train.yaml").is_file() and (CONF / "sample.yaml").is_file()
+
+
+@pytest.mark.parametrize("schedule", options("schedule"))
+@pytest.mark.parametrize("process", options("process"))
+def test_process_and_schedule_instantiate(process, schedule):
+    cfg = compose_train(f"process={process}", f"schedule={schedule}")
+    obj = instantiate(cfg.process, vocab_size=50)
+    assert isinstance(obj, GaussianProcess)
+    assert type(obj.schedule).__name__.lower().startswith(schedule)
+
+
+def test_network_optimizer_scheduler_instantiate():
+    cfg = compose_train()
+    net = instantiate(cfg.network, in_dim=8, out_dim=10, max_seq_len=16)
+    assert isinstance(net, Transformer)
+    opt = instantiate(cfg.optimizer)(net.parameters())
+    sched = instantiate(cfg.lr_scheduler)(opt)
+    assert sched.get_last_lr()[0] > 0
+
+
+@pytest.mark.parametrize("logger", options("logger"))
+def test_loggers_and_callbacks_instantiate(logger, tmp_path):
+    cfg = compose_train(f"logger={logger}")
+    OmegaConf.update(cfg, "hydra.runtime.output_dir", str(tmp_path), force_add=True)
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)
+    assert instantiate(cfg.logger) is not None
+    assert all(instantiate(c) is not None for c in cfg.callbacks.values())
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert trainer_cfg["default_root_dir"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_experiments_compose(experiment):
+    cfg = compose_train(f"experiment={experiment}")
+    assert cfg.name == experiment
+
+
+@pytest.mark.parametrize("sampler", options("sampler"))
+def test_sample_config_and_samplers_compose(sampler):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("sample", overrides=[f"sampler={sampler}", "ckpt=x"])
+    fn = instantiate(cfg.sampler)
+    assert fn.func.sampler_name == sampler
+
+
+def test_every_yaml_file_is_covered():
+    covered = {
+        "process",
+        "schedule",
+        "network",
+        "optimizer",
+        "lr_scheduler",
+        "logger",
+        "callbacks",
+        "experiment",
+        "sampler",
+        "data",
+        "trainer",
+    }
+    groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
+    assert groups <= covered, groups - covered

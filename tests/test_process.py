@@ -1,0 +1,102 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cdlm.denoiser import Prediction
+from cdlm.processes.base import stratified_times
+from cdlm.processes.gaussian import GaussianProcess, NormalizedEmbedding
+from cdlm.schedules import CosineSchedule
+
+
+def test_embeddings_have_fixed_norm():
+    emb = NormalizedEmbedding(50, 16, scale=2.0)
+    norms = emb.table().norm(dim=-1)
+    torch.testing.assert_close(norms, torch.full((50,), 2.0 * 4.0))
+
+
+def test_nearest_embedding_recovers_tokens():
+    emb = NormalizedEmbedding(40, 16)
+    tokens = torch.randint(0, 40, (3, 7))
+    assert torch.equal(emb.nearest(emb(tokens)), tokens)
+
+
+def test_corrupt_denoise_round_trip_float64():
+    process = GaussianProcess(vocab_size=30, embed_dim=8).double()
+    tokens = torch.randint(0, 30, (4, 5))
+    x0 = process.embedding(tokens)
+    noise = torch.randn_like(x0)
+    t = torch.tensor([0.0, 0.3, 0.7, 1.0], dtype=torch.float64)
+    x_t = process.corrupt(x0, t, noise)
+    alpha, sigma = process.schedule.alpha(t), process.schedule.sigma(t)
+    recovered = (x_t - sigma[:, None, None] * noise) / alpha[:, None, None]
+    torch.testing.assert_close(recovered, x0, atol=1e-9, rtol=1e-9)
+    # and the noise is recovered from x_t given x0
+    eps = (x_t - alpha[:, None, None] * x0) / sigma[:, None, None]
+    torch.testing.assert_close(eps, noise, atol=1e-9, rtol=1e-9)
+
+
+def test_stratified_times_cover_each_stratum():
+    t = stratified_times(8, torch.device("cpu"), torch.Generator().manual_seed(3))
+    assert sorted((t * 8).floor().long().tolist()) == list(range(8))
+
+
+class FixedLogits:
+    """A denoiser whose logits are fixed, so the loss is computable by hand."""
+
+    def __init__(self, logits):
+        self.logits = logits
+        self.calls = 0
+
+    def __call__(self, x_t, t, self_cond=None):
+        self.calls += 1
+        return Prediction(x0=torch.zeros_like(x_t), logits=self.logits)
+
+
+def test_ce_loss_is_hand_computed_cross_entropy():
+    process = GaussianProcess(vocab_size=3, embed_dim=4, self_cond_prob=0.0)
+    tokens = torch.tensor([[0, 2]])
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 3.0]]])
+    out = process.loss(FixedLogits(logits), tokens)
+    p0 = math.exp(2) / (math.exp(2) + 2)
+    p1 = math.exp(3) / (1 + math.exp(1) + math.exp(3))
+    expected = -(math.log(p0) + math.log(p1)) / 2
+    assert out.loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_self_conditioning_runs_a_second_pass():
+    logits = torch.zeros(1, 2, 3)
+    process = GaussianProcess(vocab_size=3, embed_dim=4, self_cond_prob=1.0)
+    den = FixedLogits(logits)
+    process.train()
+    process.loss(den, torch.tensor([[0, 1]]))
+    assert den.calls == 2
+    process.eval()
+    process.loss(den, torch.tensor([[0, 1]]))
+    assert den.calls == 3
+
+
+def test_mse_objective_is_mse_plus_rounding():
+    torch.manual_seed(0)
+    process = GaussianProcess(
+        vocab_size=5, embed_dim=4, objective="mse", self_cond_prob=0.0, schedule=CosineSchedule()
+    )
+    tokens = torch.tensor([[1, 3, 4]])
+    x0 = process.embedding(tokens)
+
+    def oracle(x_t, t, self_cond=None):
+        return Prediction(x0=x0, logits=process.embedding.logits(x0))
+
+    out = process.loss(oracle, tokens)
+    assert out.metrics["mse"].item() == pytest.approx(0.0, abs=1e-10)
+    assert out.loss.item() == pytest.approx(out.metrics["rounding"].item())
+    # the rounding term is a real cross-entropy of the low-noise readout
+    assert (
+        0 <= out.metrics["rounding"].item() < F.cross_entropy(torch.zeros(3, 5), tokens[0]).item()
+    )
+
+
+def test_bad_objective_is_refused():
+    with pytest.raises(ValueError, match="valid: ce, mse"):
+        GaussianProcess(vocab_size=5, objective="l1")

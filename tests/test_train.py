@@ -1,0 +1,95 @@
+"""Training in process: a Lightning fast_dev_run, and the EMA model is what gets exported."""
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EMAWeightAveraging
+
+from cdlm.checkpoint import load_checkpoint
+from cdlm.data import TextDataModule
+from cdlm.networks.transformer import Transformer
+from cdlm.processes.gaussian import GaussianProcess
+from cdlm.training.callbacks import ExportModel
+from cdlm.training.module import DiffusionLM, warmup_cosine
+
+
+def build(tiny_corpus):
+    torch.manual_seed(0)
+    data = TextDataModule(path=str(tiny_corpus), vocab_size=300, seq_len=16, batch_size=4)
+    data.setup()
+    process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=8)
+    network = Transformer(
+        in_dim=8, out_dim=data.vocab_size, d_model=32, n_layers=1, n_heads=2, max_seq_len=16
+    )
+    module = DiffusionLM(
+        process,
+        network,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
+        lr_scheduler=lambda o: warmup_cosine(o, 2, 5),
+    )
+    config = {
+        "process": {
+            "_target_": "cdlm.processes.gaussian.GaussianProcess",
+            "vocab_size": data.vocab_size,
+            "embed_dim": 8,
+        },
+        "network": {
+            "_target_": "cdlm.networks.transformer.Transformer",
+            "in_dim": 8,
+            "out_dim": data.vocab_size,
+            "d_model": 32,
+            "n_layers": 1,
+            "n_heads": 2,
+            "max_seq_len": 16,
+        },
+        "seq_len": 16,
+        "labels": data.labels,
+    }
+    return data, module, config
+
+
+def test_fast_dev_run(tiny_corpus, tmp_path):
+    data, module, _ = build(tiny_corpus)
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = L.Trainer(
+        fast_dev_run=True,
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        precision="bf16-mixed",
+    )
+    trainer.fit(module, datamodule=data)
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_exported_model_holds_the_ema_weights(tiny_corpus, tmp_path):
+    data, module, config = build(tiny_corpus)
+    ema = EMAWeightAveraging(decay=0.5)
+    path = tmp_path / "model.safetensors"
+    trainer = L.Trainer(
+        max_steps=5,
+        val_check_interval=5,
+        limit_val_batches=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[ema, ExportModel(path, config, data.tokenizer)],
+    )
+    trainer.fit(module, datamodule=data)
+    exported = load_checkpoint(path).network.state_dict()
+    averaged = ema._average_model.module.network.state_dict()
+    for key, value in exported.items():
+        torch.testing.assert_close(value, averaged[key])
+
+
+def test_warmup_cosine_shape():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_cosine(opt, warmup_steps=4, total_steps=14, min_ratio=0.1)
+    lrs = []
+    for _ in range(16):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert abs(lrs[9] - 0.55) < 1e-9  # halfway through the decay
+    assert abs(lrs[14] - 0.1) < 1e-9 and abs(lrs[15] - 0.1) < 1e-9
