@@ -51,7 +51,7 @@ def one_line(text: str) -> str:
 def _first_of_sweeps(overrides: list[str]) -> list[str]:
     """Multirun sweeps (a=1,2) become their first value, so one composition checks the keys."""
     out = []
-    for text, o in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+    for text, o in zip(overrides, OverridesParser.create().parse_overrides(overrides), strict=False):
         if o.is_sweep_override():
             first = next(iter(o.sweep_string_iterator()))
             text = f"{o.get_key_element()}={first}"
