@@ -15,10 +15,16 @@ from torch import Tensor, nn
 
 @dataclass
 class Prediction:
-    """x0: (B, L, D) estimate of the clean embeddings; logits: (B, L, V) token logits."""
+    """logits: (B, L, V) token logits (log-probabilities for masked diffusion); x0: (B, L, D)
+    estimate of the clean embeddings (embedding diffusion only)."""
 
-    x0: Tensor
     logits: Tensor
+    x0: Tensor | None = None
+
+
+def full_precision(x: Tensor) -> Tensor:
+    """Upcasts bf16/fp16 network outputs (under autocast) for softmax and losses; keeps float64."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 class Denoiser(Protocol):

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
-from cdlm.denoiser import ClampToEmbeddings, SelfConditioned
-from cdlm.samplers.base import Callback, check_compatible, uniform_grid
+from cdlm import config_dir
+from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
+from cdlm.samplers.base import Callback
 
 ROUNDINGS = ("argmax", "nearest")
 
@@ -23,11 +26,18 @@ class Sample:
 
 @dataclass
 class Generation:
-    """samples; nfe: network evaluations per sequence; wall_seconds: sampling time, all batches."""
+    """samples; nfe: network evaluations per sequence; positions: sequence positions the network
+    processed per sequence; wall_seconds: sampling time, all batches."""
 
     samples: list[Sample]
     nfe: int
+    positions: int
     wall_seconds: float
+
+
+def default_sampler(process: nn.Module) -> Callable:
+    """The process's default sampler, built from its ``conf/sampler/<name>.yaml``."""
+    return instantiate(OmegaConf.load(config_dir() / "sampler" / f"{process.default_sampler}.yaml"))
 
 
 def decode(tokenizer, ids: list[int]) -> Sample:
@@ -50,6 +60,7 @@ def generate(
     seq_len: int,
     seed: int = 0,
     batch_size: int | None = None,
+    grid: str = "uniform",
     rounding: str = "argmax",
     clamp: bool = False,
     callback: Callback | None = None,
@@ -57,7 +68,8 @@ def generate(
     """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
 
     The same seed gives the same samples: all randomness comes from one generator on the model's
-    device. ``rounding``: ``argmax`` of the final logits, or the ``nearest`` embedding of the final
+    device. ``grid`` names a timestep grid (``cdlm.samplers.grids``). ``rounding``: ``argmax`` of
+    the final logits, or the ``nearest`` embedding of the final
     state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM).
     """
     for name, value in (("steps", steps), ("num_samples", num_samples), ("seq_len", seq_len)):
@@ -65,26 +77,22 @@ def generate(
             raise ValueError(f"{name} must be >= 1, got {value}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
+    if rounding == "nearest" and not hasattr(process, "embedding"):
+        raise ValueError("rounding=nearest applies to gaussian (embedding) models only")
     check_compatible(sampler, process.kind)
     device = next(network.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
-    timesteps = uniform_grid(steps, device)
+    timesteps = make_grid(grid, steps, getattr(process, "schedule", None), device)
     batch_size = batch_size or num_samples
     samples, nfe, start = [], 0, time.perf_counter()
     for first in range(0, num_samples, batch_size):
         n = min(batch_size, num_samples - first)
-        denoiser = SelfConditioned(process.make_denoiser(network))
-        if clamp:
-            denoiser = ClampToEmbeddings(denoiser, process.embedding)
+        denoiser = process.sampling_denoiser(network, clamp=clamp)
         x = process.prior((n, seq_len), device, generator)
         out = sampler(
             denoiser, x, timesteps, process=process, generator=generator, callback=callback
         )
-        ids = (
-            out.prediction.logits.argmax(-1)
-            if rounding == "argmax"
-            else (process.embedding.nearest(out.x))
-        )
+        ids = out.tokens if rounding == "argmax" else process.embedding.nearest(out.x)
         samples += [decode(tokenizer, row) for row in ids.tolist()]
-        nfe = out.nfe
-    return Generation(samples=samples, nfe=nfe, wall_seconds=time.perf_counter() - start)
+        nfe, positions = out.nfe, out.positions if out.positions is not None else out.nfe * seq_len
+    return Generation(samples, nfe, positions, wall_seconds=time.perf_counter() - start)

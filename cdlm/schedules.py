@@ -1,4 +1,5 @@
-"""Noise schedules for variance-preserving (VP) diffusion in continuous time t in [0, 1].
+"""Noise schedules in continuous time t in [0, 1]: variance-preserving Gaussian schedules
+(``Schedule``) and masking schedules for absorbing-state diffusion (``MaskSchedule``, at the end).
 
 Each schedule is defined by its log signal-to-noise ratio ``logsnr(t)`` (decreasing in t) and its
 analytic derivative. Everything else follows from it, so alpha^2 + sigma^2 = 1 holds by
@@ -115,3 +116,44 @@ class SqrtSchedule(Schedule):
         u = self._u(t)
         r = u.sqrt()
         return (-1.0 / (2.0 * r * (1.0 - r)) - 1.0 / (2.0 * u)) * (1.0 - 2.0 * self.s)
+
+
+class MaskSchedule(nn.Module):
+    """Absorbing-state (masking) schedule: ``keep(t)`` is the probability that a token is still
+    unmasked at time t (MDLM's alpha_t), decreasing from ~1 at t = 0 to ~0 at t = 1."""
+
+    def keep(self, t: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def dkeep(self, t: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class LogLinearMaskSchedule(MaskSchedule):
+    """MDLM's log-linear schedule (Sahoo et al. 2024): keep(t) = 1 - (1 - eps) t, so the ELBO
+    weight -keep'/(1 - keep) is 1/t and the expected fraction of masks grows linearly."""
+
+    def __init__(self, eps: float = 1e-3) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def keep(self, t: Tensor) -> Tensor:
+        return 1.0 - (1.0 - self.eps) * t
+
+    def dkeep(self, t: Tensor) -> Tensor:
+        return torch.full_like(t, -(1.0 - self.eps))
+
+
+class CosineMaskSchedule(MaskSchedule):
+    """Cosine masking schedule (MaskGIT, Chang et al. 2022; MD4, Shi et al. 2024):
+    keep(t) = eps + (1 - eps) cos(pi t / 2); it masks slowly at first and fast at the end."""
+
+    def __init__(self, eps: float = 1e-3) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def keep(self, t: Tensor) -> Tensor:
+        return self.eps + (1.0 - self.eps) * torch.cos(0.5 * math.pi * t)
+
+    def dkeep(self, t: Tensor) -> Tensor:
+        return -(1.0 - self.eps) * 0.5 * math.pi * torch.sin(0.5 * math.pi * t)

@@ -19,7 +19,6 @@ TINY_TRAIN = [
     "network.d_model=32",
     "network.n_layers=1",
     "network.n_heads=2",
-    "process.embed_dim=8",
     "trainer.max_steps=3",
     "trainer.val_check_interval=3",
     "trainer.limit_val_batches=1",
@@ -62,14 +61,14 @@ def run_cli(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+def train_tiny(tmp_path_factory, corpus: Path, *overrides: str) -> Path:
     """A 3-step model trained through the real CLI on the tiny corpus."""
     run_dir = tmp_path_factory.mktemp("run")
     result = run_cli(
         "cdlm-train",
-        f"data.path={tiny_corpus}",
+        f"data.path={corpus}",
         *TINY_TRAIN,
+        *overrides,
         f"hydra.run.dir={run_dir}",
         cwd=run_dir,
     )
@@ -77,3 +76,18 @@ def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     path = run_dir / "model.safetensors"
     assert path.is_file()
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+    return train_tiny(tmp_path_factory, tiny_corpus, "process.embed_dim=8")
+
+
+@pytest.fixture(scope="session")
+def tiny_masked_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+    return train_tiny(tmp_path_factory, tiny_corpus, "process=masked")
+
+
+@pytest.fixture(scope="session")
+def tiny_ar_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+    return train_tiny(tmp_path_factory, tiny_corpus, "process=autoregressive")

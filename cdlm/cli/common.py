@@ -51,7 +51,9 @@ def one_line(text: str) -> str:
 def _first_of_sweeps(overrides: list[str]) -> list[str]:
     """Multirun sweeps (a=1,2) become their first value, so one composition checks the keys."""
     out = []
-    for text, o in zip(overrides, OverridesParser.create().parse_overrides(overrides), strict=False):
+    for text, o in zip(
+        overrides, OverridesParser.create().parse_overrides(overrides), strict=False
+    ):
         if o.is_sweep_override():
             first = next(iter(o.sweep_string_iterator()))
             text = f"{o.get_key_element()}={first}"
@@ -59,9 +61,11 @@ def _first_of_sweeps(overrides: list[str]) -> list[str]:
     return out
 
 
-def _unknown_key_message(config_name: str, key: str) -> str:
+def _unknown_key_message(config_name: str, key: str, overrides: list[str]) -> str:
+    """Lists the valid keys next to the unknown one, in the config the other overrides select."""
+    others = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key.lstrip("+~")]
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        base = compose(config_name)
+        base = compose(config_name, overrides=others)
     *parents, leaf = key.lstrip("+~").split(".")
     node = OmegaConf.select(base, ".".join(parents)) if parents else base
     where = ".".join(parents) or "top level"
@@ -80,7 +84,7 @@ def compose_checked(config_name: str, overrides: list[str]) -> DictConfig:
         text = str(e)
         if text.startswith("Could not override"):
             key = text.split("'")[1]
-            raise UsageError(_unknown_key_message(config_name, key)) from None
+            raise UsageError(_unknown_key_message(config_name, key, overrides)) from None
         raise UsageError(one_line(text)) from None
 
 

@@ -13,6 +13,7 @@ from cdlm.checkpoint import load_checkpoint
 from cdlm.cli.common import require, run
 from cdlm.generate import ROUNDINGS, generate
 from cdlm.io import atomic_write_text
+from cdlm.samplers.grids import GRIDS
 
 
 def validate(cfg: DictConfig) -> None:
@@ -24,6 +25,7 @@ def validate(cfg: DictConfig) -> None:
         cfg.batch_size is None or cfg.batch_size >= 1,
         f"batch_size must be >= 1, got {cfg.batch_size}",
     )
+    require(cfg.grid in GRIDS, f"unknown grid {cfg.grid!r}; valid: {', '.join(GRIDS)}")
     require(
         cfg.rounding in ROUNDINGS,
         f"unknown rounding {cfg.rounding!r}; valid: {', '.join(ROUNDINGS)}",
@@ -49,6 +51,7 @@ def sample(cfg: DictConfig) -> None:
         seq_len=cfg.seq_len or model.config["seq_len"],
         seed=cfg.seed,
         batch_size=cfg.batch_size,
+        grid=cfg.grid,
         rounding=cfg.rounding,
         clamp=cfg.clamp,
     )
@@ -61,6 +64,7 @@ def sample(cfg: DictConfig) -> None:
             "sampler": name,
             "steps": cfg.steps,
             "nfe": gen.nfe,
+            "positions": gen.positions,
             "wall_seconds": round(gen.wall_seconds, 4),
             "seed": cfg.seed,
         }
@@ -70,7 +74,7 @@ def sample(cfg: DictConfig) -> None:
         print(f"[{r['index']}] {r['text']}\n")
     print(
         f"cdlm-sample: {len(records)} samples, sampler={name}, steps={cfg.steps}, "
-        f"NFE={gen.nfe}, {gen.wall_seconds:.2f}s"
+        f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
     )
     if cfg.out:
         atomic_write_text(Path(cfg.out), "".join(json.dumps(r) + "\n" for r in records))

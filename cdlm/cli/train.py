@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.cli.common import default_wandb_mode, require, run
+from cdlm.generate import default_sampler
 from cdlm.training.callbacks import ExportModel, LogSamples
 from cdlm.training.module import DiffusionLM
 
@@ -24,11 +25,23 @@ def validate(cfg: DictConfig) -> None:
     )
 
 
-def model_config(cfg: DictConfig, process, network_kwargs: dict, labels: list[str]) -> dict:
+def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:
+    """The vocabulary facts a process config asks for (its keys left null), from the tokenizer."""
+    known = {
+        "vocab_size": len(tokenizer),
+        "mask_id": tokenizer.mask_token_id,
+        "eos_id": tokenizer.eos_token_id,
+        "bos_id": tokenizer.eos_token_id,  # the AR baseline starts every sequence at EOS
+    }
+    return {k: v for k, v in known.items() if k == "vocab_size" or k in process_cfg}
+
+
+def model_config(
+    cfg: DictConfig, process_kwargs: dict, network_kwargs: dict, labels: list[str]
+) -> dict:
     """The resolved configs a checkpoint needs to rebuild the model without this run's files."""
     return {
-        "process": OmegaConf.to_container(cfg.process, resolve=True)
-        | {"vocab_size": process.vocab_size},
+        "process": OmegaConf.to_container(cfg.process, resolve=True) | process_kwargs,
         "network": OmegaConf.to_container(cfg.network, resolve=True) | network_kwargs,
         "seq_len": cfg.data.seq_len,
         "labels": labels,
@@ -40,12 +53,9 @@ def train(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     data = instantiate(cfg.data)
     data.setup("fit")
-    process = instantiate(cfg.process, vocab_size=data.vocab_size)
-    network_kwargs = {
-        "in_dim": process.in_dim,
-        "out_dim": process.out_dim,
-        "max_seq_len": cfg.data.seq_len,
-    }
+    process_kwargs = token_ids(cfg.process, data.tokenizer)
+    process = instantiate(cfg.process, **process_kwargs)
+    network_kwargs = process.network_kwargs | {"max_seq_len": cfg.data.seq_len}
     network = instantiate(cfg.network, **network_kwargs)
     module = DiffusionLM(
         process,
@@ -58,13 +68,13 @@ def train(cfg: DictConfig) -> None:
     callbacks += [
         ExportModel(
             out_dir / "model.safetensors",
-            model_config(cfg, process, network_kwargs, data.labels),
+            model_config(cfg, process_kwargs, network_kwargs, data.labels),
             data.tokenizer,
         ),
         LogSamples(
             data.tokenizer,
             cfg.data.seq_len,
-            instantiate(cfg.log_samples.sampler),
+            instantiate(cfg.log_samples.sampler) or default_sampler(process),
             cfg.log_samples.every_n_steps,
             cfg.log_samples.num_samples,
             cfg.log_samples.steps,

@@ -88,4 +88,6 @@ def _load_hf(name: str, text_column: str, label_column: str | None, split: str) 
     if text_column not in rows.column_names:
         raise ValueError(f"dataset {name!r} has no column {text_column!r}: {rows.column_names}")
     labels = rows[label_column] if label_column else ["all"] * len(rows)
-    return [Document(clean_text(t), str(lab)) for t, lab in zip(rows[text_column], labels, strict=False)]
+    return [
+        Document(clean_text(t), str(lab)) for t, lab in zip(rows[text_column], labels, strict=False)
+    ]

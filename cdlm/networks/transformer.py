@@ -68,7 +68,9 @@ class Block(nn.Module):
         nn.init.zeros_(self.ada.weight)
         nn.init.zeros_(self.ada.bias)
 
-    def forward(self, h: Tensor, c: Tensor, rotary: Rotary, causal: bool) -> Tensor:
+    def forward(
+        self, h: Tensor, c: Tensor, rotary: Rotary, causal: bool, cache: LayerCache | None = None
+    ) -> Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, dim=-1)
         b, length, d = h.shape
         q, k, v = (
@@ -76,29 +78,55 @@ class Block(nn.Module):
             .view(b, length, 3, self.n_heads, d // self.n_heads)
             .permute(2, 0, 3, 1, 4)
         )
-        attn = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=causal)
+        offset = 0 if cache is None else cache.length
+        q, k = rotary(q, offset), rotary(k, offset)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        # A cached decode step has one query that may see every key: no mask needed.
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=causal and offset == 0)
         attn = attn.transpose(1, 2).reshape(b, length, d)
         h = h + gate1[:, None] * self.dropout(self.proj(attn))
         return h + gate2[:, None] * self.dropout(self.mlp(modulate(self.norm2(h), shift2, scale2)))
 
 
+class LayerCache:
+    """Keys and values of one layer for incremental causal decoding, (B, H, T, Dh)."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+
 class Transformer(nn.Module):
-    """Noise-conditioned Transformer, (B, L, in_dim) x (B,) -> (B, L, out_dim).
+    """Noise-conditioned Transformer, (B, L, in_dim) or (B, L) ids, x (B,) -> (B, L, out_dim).
 
     Args:
-        in_dim: width of each input vector (e.g. the diffusion embedding dimension).
+        in_dim: width of each input vector (e.g. the diffusion embedding dimension); or
+        in_vocab: number of input token ids (e.g. the vocabulary with its [MASK] token), for
+            token input. Exactly one of the two is given.
         out_dim: width of each output vector (e.g. the vocabulary size, for logits).
         d_model, n_layers, n_heads, mlp_ratio, dropout: the usual Transformer sizes.
         max_seq_len: longest sequence the rotary tables cover.
         self_condition: accept a second input of width ``in_dim`` (the previous estimate of the
             clean data, Chen et al. 2022 "Analog Bits"); zeros stand in when it is absent.
-        causal: causal instead of bidirectional attention.
+            Vector input only.
+        causal: causal instead of bidirectional attention (then ``forward`` accepts a KV cache).
     """
 
     def __init__(
         self,
-        in_dim: int,
         out_dim: int,
+        in_dim: int | None = None,
+        in_vocab: int | None = None,
         d_model: int = 256,
         n_layers: int = 4,
         n_heads: int = 4,
@@ -111,9 +139,17 @@ class Transformer(nn.Module):
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
             raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} even heads")
+        if (in_dim is None) == (in_vocab is None):
+            raise ValueError("give exactly one of in_dim (vector input) or in_vocab (token input)")
+        if in_vocab is not None and self_condition:
+            raise ValueError("self_condition needs vector input (in_dim), not token input")
         self.in_dim, self.out_dim, self.d_model = in_dim, out_dim, d_model
         self.self_condition, self.causal = self_condition, causal
-        self.in_proj = nn.Linear(in_dim * (2 if self_condition else 1), d_model)
+        self.in_proj = (
+            nn.Embedding(in_vocab, d_model)
+            if in_vocab is not None
+            else nn.Linear(in_dim * (2 if self_condition else 1), d_model)
+        )
         self.time_mlp = nn.Sequential(
             nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model)
         )
@@ -127,13 +163,29 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.ada_out.bias)
         self.out_proj = nn.Linear(d_model, out_dim)
 
-    def forward(self, x: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Tensor:
-        """x: (B, L, in_dim); t: (B,) noise level in [0, 1]; self_cond: (B, L, in_dim) or None."""
+    def new_cache(self) -> list[LayerCache]:
+        """An empty KV cache for incremental decoding (causal networks only)."""
+        if not self.causal:
+            raise ValueError("a KV cache needs a causal network")
+        return [LayerCache() for _ in self.blocks]
+
+    def forward(
+        self,
+        x: Tensor,
+        t: Tensor,
+        self_cond: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+    ) -> Tensor:
+        """x: (B, L, in_dim) vectors or (B, L) ids; t: (B,) noise level in [0, 1];
+        self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
+        a first call it takes one new position per call)."""
+        if cache is not None and cache[0].length and x.shape[1] != 1:
+            raise ValueError("after the first cached call, feed one new position per call")
         if self.self_condition:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
         h = self.in_proj(x)
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
-        for block in self.blocks:
-            h = block(h, c, self.rotary, self.causal)
+        for i, block in enumerate(self.blocks):
+            h = block(h, c, self.rotary, self.causal, None if cache is None else cache[i])
         shift, scale = self.ada_out(c).chunk(2, dim=-1)
         return self.out_proj(modulate(self.norm_out(h), shift, scale))

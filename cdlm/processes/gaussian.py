@@ -21,7 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, EmbeddingDenoiser, Prediction
+from cdlm.denoiser import (
+    ClampToEmbeddings,
+    Denoiser,
+    EmbeddingDenoiser,
+    Prediction,
+    SelfConditioned,
+)
 from cdlm.processes.base import LevelMetrics, LossOutput, stratified_times
 from cdlm.schedules import CosineSchedule, Schedule
 
@@ -68,6 +74,7 @@ class GaussianProcess(nn.Module):
     """
 
     kind = "gaussian"
+    default_sampler = "ddpm"  # a conf/sampler/ name
 
     def __init__(
         self,
@@ -89,15 +96,19 @@ class GaussianProcess(nn.Module):
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
 
     @property
-    def in_dim(self) -> int:
-        return self.embed_dim
-
-    @property
-    def out_dim(self) -> int:
-        return self.vocab_size if self.objective == "ce" else self.embed_dim
+    def network_kwargs(self) -> dict:
+        """The network's input/output widths this process needs."""
+        out_dim = self.vocab_size if self.objective == "ce" else self.embed_dim
+        return {"in_dim": self.embed_dim, "out_dim": out_dim}
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return EmbeddingDenoiser(network, self.embedding, predicts_logits=self.objective == "ce")
+
+    def sampling_denoiser(self, network: nn.Module, clamp: bool = False) -> Denoiser:
+        """The denoiser samplers see: self-conditioned on its previous estimate, optionally
+        clamped. Stateful, so make one per sampling run."""
+        denoiser = SelfConditioned(self.make_denoiser(network))
+        return ClampToEmbeddings(denoiser, self.embedding) if clamp else denoiser
 
     def corrupt(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
         """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,)."""

@@ -32,12 +32,15 @@ class StepInfo:
 
 @dataclass
 class SampleOutput:
-    """x: final state; prediction: the last denoiser output (its logits give the tokens);
-    nfe: network evaluations per sequence."""
+    """x: final state; tokens: (B, L) the sampled token ids; prediction: the last denoiser output
+    (None if the network was never called); nfe: network evaluations per sequence; positions:
+    sequence positions the network processed per sequence (a KV-cached step processes one)."""
 
     x: Tensor
-    prediction: Prediction
+    tokens: Tensor
+    prediction: Prediction | None
     nfe: int
+    positions: int | None = None  # positions the network processed per sequence; None: nfe * L
 
 
 Callback = Callable[[StepInfo], None]
@@ -65,8 +68,20 @@ def check_compatible(sampler: Callable, process_kind: str) -> None:
         raise ValueError(f"sampler {name!r} does not fit a {process_kind!r} model; {hint}")
 
 
-def uniform_grid(steps: int, device: torch.device | str = "cpu") -> Tensor:
-    """``steps + 1`` times evenly spaced from 1 down to 0 (float64, so steps are exact)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    return torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64, device=device)
+def sample_categorical(
+    logp: Tensor, generator: torch.Generator | None = None, temperature: float = 1.0
+) -> Tensor:
+    """Draws one id per row of log-probabilities (..., V) by Gumbel-max in float64.
+
+    Float64 matters: in fp32 the Gumbel noise of rare tokens underflows, which truncates the tail
+    and flatters generative perplexity (Zheng et al. 2024, "Masked diffusion models are secretly
+    time-agnostic masked models and exploit inaccurate categorical sampling"). ``temperature`` 0
+    is argmax.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logp.argmax(-1)
+    u = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    return (logp.double() / temperature + gumbel).argmax(-1)

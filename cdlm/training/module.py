@@ -65,7 +65,11 @@ class DiffusionLM(L.LightningModule):
         tokens = batch["tokens"]
         # Fixed noise per batch, so validation curves compare checkpoints, not noise draws.
         generator = torch.Generator(tokens.device).manual_seed(batch_idx)
-        self.log("val/loss", self.process.loss(self.denoiser, tokens).loss, prog_bar=True)
+        out = self.process.loss(self.denoiser, tokens)
+        self.log("val/loss", out.loss, prog_bar=True)
+        self.log_dict({f"val/{k}": v for k, v in out.metrics.items()})
+        if not hasattr(self.process, "evaluate_at"):  # no noise levels (autoregressive)
+            return
         for t in self.eval_times:
             m = self.process.evaluate_at(self.denoiser, tokens, t, generator)
             self.log(f"val/ce_t{t:g}", m.ce)

@@ -1,0 +1,175 @@
+"""Masked diffusion: the ELBO by hand, and every masked sampler against an oracle."""
+
+import math
+
+import pytest
+import torch
+
+from cdlm.denoiser import Prediction
+from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
+from cdlm.samplers import check_compatible, uniform_grid
+from cdlm.samplers.masked import (
+    sample_ancestral,
+    sample_cached_ancestral,
+    sample_threshold,
+    sample_topk,
+)
+from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
+
+MASK, EOS, V = 4, 3, 5  # toy vocabulary: 0, 1, 2, EOS=3, MASK=4
+MASKED_SAMPLERS = [sample_ancestral, sample_cached_ancestral, sample_topk, sample_threshold]
+
+
+class FixedNetwork(torch.nn.Module):
+    """Returns the same logits for every input."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, z, t):
+        return self.logits.expand(z.shape[0], -1, -1)
+
+
+def test_elbo_equals_hand_computed_value():
+    process = MaskedProcess(vocab_size=V, mask_id=MASK, schedule=LogLinearMaskSchedule(eps=0.0))
+    tokens = torch.tensor([[0, 2, 1]])
+    z = torch.tensor([[MASK, 2, MASK]])
+    masked = z == MASK
+    raw = torch.tensor([[[1.0, 0.0, 0.0, 0.0, 9.0], [0.0] * 5, [0.0, 2.0, 1.0, 0.0, 9.0]]])
+    den = MaskedDenoiser(FixedNetwork(raw), MASK)
+    t = torch.tensor([0.4])
+    nats = process.elbo(den, tokens, t, z, masked)
+    # SUBS drops the [MASK] logit; loglinear weight -keep'/(1-keep) = 1/t; 3 tokens.
+    p0 = math.e / (math.e + 3)
+    p2 = math.e**2 / (1 + math.e**2 + math.e + 1)
+    expected = (1 / 0.4) * (-math.log(p0) - math.log(p2)) / 3
+    assert nats.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_subs_carries_unmasked_tokens_and_never_predicts_mask():
+    raw = torch.randn(1, 4, V)
+    pred = MaskedDenoiser(FixedNetwork(raw), MASK)(
+        torch.tensor([[MASK, 1, MASK, 2]]), torch.zeros(1)
+    )
+    probs = pred.logits.exp()
+    assert torch.all(probs[..., MASK] == 0)
+    assert probs[0, 1, 1] == 1 and probs[0, 3, 2] == 1
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1, 4))
+
+
+def test_cosine_mask_schedule_endpoints_and_derivative():
+    s = CosineMaskSchedule(eps=1e-3)
+    t = torch.linspace(0.05, 0.95, 10, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(s.keep(t).sum(), t)
+    torch.testing.assert_close(s.dkeep(t.detach()), grad)
+    assert s.keep(torch.tensor(0.0)) == pytest.approx(1.0)
+    assert s.keep(torch.tensor(1.0, dtype=torch.float64)) == pytest.approx(1e-3)
+
+
+def test_gaussian_schedule_is_refused_for_masking():
+    with pytest.raises(ValueError, match="mask_schedule"):
+        MaskedProcess(vocab_size=V, mask_id=MASK, schedule=CosineSchedule())
+
+
+class Oracle:
+    """Knows the data: log-probability 0 on the true token (through SUBS carry-over too)."""
+
+    def __init__(self, data):
+        self.data, self.calls = data, 0
+
+    def __call__(self, z, t, self_cond=None):
+        self.calls += 1
+        logp = torch.full((*z.shape, V), -math.inf).scatter_(-1, self.data[..., None], 0.0)
+        return Prediction(logits=logp)
+
+
+class Random:
+    """Arbitrary but deterministic beliefs, so samplers must make real choices."""
+
+    def __call__(self, z, t, self_cond=None):
+        g = torch.Generator().manual_seed(int(z.sum()))
+        raw = torch.randn(*z.shape, V, generator=g)
+        return MaskedDenoiser(FixedNetwork(raw), MASK)(z, t)
+
+
+def run(sampler, den, shape=(4, 12), steps=8, seed=0, **kw):
+    process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS)
+    g = torch.Generator().manual_seed(seed)
+    states = []
+    out = sampler(
+        den,
+        process.prior(shape, torch.device("cpu"), g),
+        uniform_grid(steps),
+        process=process,
+        generator=g,
+        callback=states.append,
+        **kw,
+    )
+    return out, states
+
+
+@pytest.mark.parametrize("sampler", MASKED_SAMPLERS)
+@pytest.mark.parametrize("block_length", [None, 5])
+@pytest.mark.parametrize("steps", [1, 8, 40])
+def test_oracle_reproduces_the_data(sampler, block_length, steps):
+    data = torch.randint(0, 3, (4, 12))  # no EOS: all blocks are needed
+    out, _ = run(sampler, Oracle(data), steps=steps, block_length=block_length)
+    assert torch.equal(out.tokens, data)
+    assert not (out.tokens == MASK).any()
+    assert out.positions == out.nfe * 12
+
+
+@pytest.mark.parametrize("sampler", MASKED_SAMPLERS)
+@pytest.mark.parametrize("block_length", [None, 4])
+def test_committed_tokens_never_change(sampler, block_length):
+    out, states = run(sampler, Random(), steps=12, block_length=block_length)
+    for before, after in zip(states, states[1:], strict=False):
+        committed = before.x != MASK
+        assert torch.equal(after.x[committed], before.x[committed])
+    assert not (out.tokens == MASK).any()
+
+
+@pytest.mark.parametrize("sampler", MASKED_SAMPLERS)
+def test_blocks_fill_left_to_right(sampler):
+    _, states = run(sampler, Random(), shape=(2, 12), steps=6, block_length=4)
+    for st in states:
+        undecided = (st.x == MASK).any(0)
+        if undecided.any():  # nothing after the first undecided block is decided
+            first = int(undecided.float().argmax()) // 4 * 4
+            assert (st.x[:, first + 4 :] == MASK).all()
+
+
+def test_block_sampling_stops_at_eos():
+    data = torch.tensor([[0, 1, EOS, 2, 1, 0, 2, 1], [1, EOS, 0, 0, 1, 2, 0, 1]])
+    out, _ = run(sample_topk, Oracle(data), shape=(2, 8), steps=8, block_length=4)
+    assert out.nfe == 4  # the second block is never sampled
+    assert torch.equal(out.tokens[:, :4], data[:, :4])
+    assert (out.tokens[:, 4:] == EOS).all()
+
+
+def test_cached_ancestral_matches_ancestral_with_fewer_calls():
+    data = torch.randint(0, 3, (2, 6))
+    full, _ = run(sample_ancestral, Oracle(data), shape=(2, 6), steps=64, seed=3)
+    cached, _ = run(sample_cached_ancestral, Oracle(data), shape=(2, 6), steps=64, seed=3)
+    assert torch.equal(full.tokens, cached.tokens)
+    assert cached.nfe < full.nfe <= 64
+    r_full, _ = run(sample_ancestral, Random(), steps=30, seed=1)
+    r_cached, _ = run(sample_cached_ancestral, Random(), steps=30, seed=1)
+    assert torch.equal(r_full.tokens, r_cached.tokens) and r_cached.nfe <= r_full.nfe
+
+
+def test_threshold_commits_at_least_one_per_step_and_confident_ones_at_once():
+    data = torch.randint(0, 3, (1, 10))
+    out, states = run(sample_threshold, Oracle(data), shape=(1, 10), steps=10)
+    assert out.nfe == 1  # the oracle is sure of everything: one parallel step
+    _, states = run(sample_threshold, Random(), shape=(1, 10), steps=10, threshold=0.999)
+    masks = [int((s.x == MASK).sum()) for s in states]
+    assert all(b < a for a, b in zip([10, *masks], masks, strict=False))
+
+
+def test_masked_samplers_refuse_other_processes():
+    for sampler in MASKED_SAMPLERS:
+        check_compatible(sampler, "masked")
+        with pytest.raises(ValueError, match="does not fit a 'gaussian' model"):
+            check_compatible(sampler, "gaussian")
