@@ -8,8 +8,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
+from cdlm.cli.train import token_ids
 from cdlm.networks.transformer import Transformer
-from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 
 CONF = config_dir()
 
@@ -27,13 +28,31 @@ def test_config_dir_is_the_repo_conf():
     assert (CONF / "train.yaml").is_file() and (CONF / "sample.yaml").is_file()
 
 
-@pytest.mark.parametrize("schedule", options("schedule"))
-@pytest.mark.parametrize("process", options("process"))
-def test_process_and_schedule_instantiate(process, schedule):
-    cfg = compose_train(f"process={process}", f"schedule={schedule}")
-    obj = instantiate(cfg.process, vocab_size=50)
-    assert isinstance(obj, GaussianProcess)
-    assert type(obj.schedule).__name__.lower().startswith(schedule)
+class StubTokenizer:
+    mask_token_id, eos_token_id = 3, 1
+
+    def __len__(self):
+        return 50
+
+
+@pytest.mark.parametrize(
+    "process, schedule_group, expected",
+    [
+        ("gaussian", "schedule", GaussianProcess),
+        ("masked", "mask_schedule", MaskedProcess),
+        ("autoregressive", None, AutoregressiveProcess),
+    ],
+)
+def test_processes_and_schedules_instantiate(process, schedule_group, expected):
+    for schedule in options(schedule_group) if schedule_group else [None]:
+        overrides = [f"process={process}"] + ([f"{schedule_group}={schedule}"] if schedule else [])
+        cfg = compose_train(*overrides)
+        obj = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+        assert isinstance(obj, expected) and obj.vocab_size == 50
+        if schedule:
+            assert type(obj.schedule).__name__.lower().startswith(schedule.replace("_", ""))
+        net = instantiate(cfg.network, **obj.network_kwargs, max_seq_len=8)
+        assert net.causal == (process == "autoregressive")
 
 
 def test_network_optimizer_scheduler_instantiate():
@@ -76,6 +95,7 @@ def test_every_yaml_file_is_covered():
     covered = {
         "process",
         "schedule",
+        "mask_schedule",
         "network",
         "optimizer",
         "lr_scheduler",

@@ -1,4 +1,4 @@
-"""Training callbacks: model export and sample logging.
+"""Training callbacks: model export, sample logging and throughput.
 
 Both act at the start of validation, where Lightning's ``EMAWeightAveraging`` (listed before them)
 has already swapped the averaged weights in, and at the end of training, after it has copied them
@@ -7,11 +7,14 @@ into the model: what they export and sample is always the EMA model.
 
 from __future__ import annotations
 
+import resource
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from cdlm.checkpoint import Model, save_checkpoint
@@ -87,3 +90,35 @@ class LogSamples(L.Callback):
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer, pl_module)
+
+
+class Throughput(L.Callback):
+    """Logs training tokens/s (steady state: the first ``warmup_steps`` steps and validation
+    are excluded) and, at the end, peak memory: CUDA's allocator peak on GPU, else the process's
+    peak resident set size."""
+
+    def __init__(self, warmup_steps: int = 5) -> None:
+        self.warmup_steps = warmup_steps
+        self.tokens, self.seconds, self.start = 0, 0.0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step <= self.warmup_steps:
+            return
+        self.tokens += batch["tokens"].numel() * trainer.world_size
+        self.seconds += time.perf_counter() - self.start
+        pl_module.log("train/tokens_per_sec", self.tokens / self.seconds)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if torch.cuda.is_available() and pl_module.device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        else:  # ru_maxrss is in KiB on Linux
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        metrics = {"train/peak_memory_mb": peak_mb}
+        if self.seconds:
+            metrics["train/tokens_per_sec"] = self.tokens / self.seconds
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        rank_zero_info(", ".join(f"{k}={v:.1f}" for k, v in metrics.items()))
