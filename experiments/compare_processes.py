@@ -38,16 +38,27 @@ PROCESSES = ("autoregressive", "masked", "gaussian")
 
 def train(process: str, run_dir: Path, args: argparse.Namespace) -> float:
     overrides = [
-        f"process={process}", f"trainer.max_steps={args.steps}", "trainer.max_time=null",
-        f"trainer.val_check_interval={args.steps}", f"data.batch_size={args.batch_size}",
-        f"data.seq_len={args.seq_len}", f"network.d_model={args.d_model}",
-        f"network.n_layers={args.n_layers}", "logger=csv", "log_samples.num_samples=0",
-        f"lr_scheduler.warmup_steps={max(1, args.steps // 10)}", f"hydra.run.dir={run_dir}",
+        f"process={process}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.max_time=null",
+        f"trainer.val_check_interval={args.steps}",
+        f"data.batch_size={args.batch_size}",
+        f"data.seq_len={args.seq_len}",
+        f"network.d_model={args.d_model}",
+        f"network.n_layers={args.n_layers}",
+        "logger=csv",
+        "log_samples.num_samples=0",
+        f"lr_scheduler.warmup_steps={max(1, args.steps // 10)}",
+        f"hydra.run.dir={run_dir}",
         f"seed={args.seed}",
+        f"callbacks.ema.decay={args.ema_decay}",
     ]
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cdlm.cli.train", *overrides], check=True,
-                   env=os.environ | {"WANDB_MODE": "disabled"})
+    subprocess.run(
+        [sys.executable, "-m", "cdlm.cli.train", *overrides],
+        check=True,
+        env=os.environ | {"WANDB_MODE": "disabled"},
+    )
     return time.perf_counter() - start
 
 
@@ -67,8 +78,7 @@ def bound(ckpt: Path, repeats: int, seed: int) -> tuple[float, float, dict]:
     passes, terms = [], {}
     for r in range(repeats):
         if model.process.kind == "gaussian":
-            report = evaluate(model, elbo, tokens, batch_size=32, num_batches=None,
-                              seed=seed + r)
+            report = evaluate(model, elbo, tokens, batch_size=32, num_batches=None, seed=seed + r)
             terms = report["bits_per_token"]
             passes.append(terms["total"])
             continue
@@ -84,7 +94,8 @@ def bound(ckpt: Path, repeats: int, seed: int) -> tuple[float, float, dict]:
 def table(rows: list[dict], budget: str) -> str:
     ar = next(r for r in rows if r["process"] == "autoregressive")["bits_per_token"]
     lines = [
-        f"Budget: {budget}.", "",
+        f"Budget: {budget}.",
+        "",
         "| process | val bits/token (bound) | ratio to AR | train tokens/s | peak memory (MB) "
         "| train wall (s) |",
         "|---|---|---|---|---|---|",
@@ -106,6 +117,8 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--ema-decay", type=float, default=0.99,
+                        help="EMA decay; the default 0.999 averages in the random init at short budgets")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="outputs/compare_processes")
     parser.add_argument("--out", default="docs/compare_processes")
@@ -116,11 +129,17 @@ def main() -> None:
         seconds = train(process, run_dir, args)
         metrics = last_metrics(run_dir)
         mean, stderr, terms = bound(run_dir / "model.safetensors", args.repeats, args.seed)
-        rows.append({
-            "process": process, "bits_per_token": mean, "stderr": stderr, "terms": terms,
-            "tokens_per_sec": metrics.get("train/tokens_per_sec", math.nan),
-            "peak_memory_mb": metrics["train/peak_memory_mb"], "train_seconds": seconds,
-        })
+        rows.append(
+            {
+                "process": process,
+                "bits_per_token": mean,
+                "stderr": stderr,
+                "terms": terms,
+                "tokens_per_sec": metrics.get("train/tokens_per_sec", math.nan),
+                "peak_memory_mb": metrics["train/peak_memory_mb"],
+                "train_seconds": seconds,
+            }
+        )
         print(rows[-1], flush=True)
     tokens = args.steps * args.batch_size * args.seq_len
     budget = (

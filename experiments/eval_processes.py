@@ -49,16 +49,30 @@ def main() -> None:
     for process, fn, steps in plan:
         ckpt = runs / process / "model.safetensors"
         report = evaluate_checkpoint(
-            str(ckpt), fn, steps=steps, num_samples=args.num_samples, seed=0,
-            repeats=args.repeats, grid="uniform", scorer=scorer, device=cpu,
+            str(ckpt),
+            fn,
+            steps=steps,
+            num_samples=args.num_samples,
+            seed=0,
+            repeats=args.repeats,
+            grid="uniform",
+            scorer=scorer,
+            device=cpu,
         )
         quality[process] = report
         print(process, json.dumps(report["quality"]), flush=True)
     for process, fn, steps in plan[:2]:
         for batch in (1, 32):
             report = evaluate_checkpoint(
-                str(runs / process / "model.safetensors"), fn, steps=steps, num_samples=batch,
-                seed=0, repeats=args.repeats, grid="uniform", scorer=None, device=cpu,
+                str(runs / process / "model.safetensors"),
+                fn,
+                steps=steps,
+                num_samples=batch,
+                seed=0,
+                repeats=args.repeats,
+                grid="uniform",
+                scorer=None,
+                device=cpu,
                 likelihood_sequences=1,
             )
             speed[f"{process}@{batch}"] = report["speed"]
@@ -66,7 +80,8 @@ def main() -> None:
         f"Samples: {args.num_samples} per model, seq_len 128, seed 0; samplers: AR `ar` (KV "
         f"cache), masked `ancestral` {args.masked_steps} steps, gaussian `ddpm` "
         f"{args.gaussian_steps} steps. Scorer: {scorer.name}, float64 log-softmax. Real text: "
-        "val sequences cut to each sample's length.", "",
+        "val sequences cut to each sample's length.",
+        "",
         "| model | gen-PPL | token entropy (bits) | distinct-2 | mean length | real-text gen-PPL "
         "| real-text entropy | val bits/token |",
         "|---|---|---|---|---|---|---|---|",
@@ -79,20 +94,31 @@ def main() -> None:
             f"{ref['token_entropy_bits']:.2f} | {r['likelihood']['bits_per_token']:.3f} "
             f"({r['likelihood']['kind']}) |"
         )
-    lines += ["", "| sampling speed | batch 1 tokens/s | batch 32 tokens/s | NFE | positions |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| sampling speed | batch 1 tokens/s | batch 32 tokens/s | NFE | positions |",
+        "|---|---|---|---|---|",
+    ]
     ratios = {}
     for process in ("autoregressive", "masked"):
         one, many = speed[f"{process}@1"]["steady"], speed[f"{process}@32"]["steady"]
         ratios[process] = (one["tokens_per_sec"]["median"], many["tokens_per_sec"]["median"])
-        lines.append(f"| {process} | {ratios[process][0]:.1f} | {ratios[process][1]:.1f} | "
-                     f"{many['nfe']['median']} | {many['positions']['median']} |")
+        lines.append(
+            f"| {process} | {ratios[process][0]:.1f} | {ratios[process][1]:.1f} | "
+            f"{many['nfe']['median']} | {many['positions']['median']} |"
+        )
     r1 = ratios["masked"][0] / ratios["autoregressive"][0]
     r32 = ratios["masked"][1] / ratios["autoregressive"][1]
     lines += ["", f"Masked / KV-cached AR tokens/s: {r1:.3f} at batch 1, {r32:.3f} at batch 32."]
-    atomic_write_text(f"{args.out}.json", json.dumps(
-        {"quality": quality, "speed": speed, "ratio_batch1": r1, "ratio_batch32": r32},
-        indent=2, default=str) + "\n")
+    atomic_write_text(
+        f"{args.out}.json",
+        json.dumps(
+            {"quality": quality, "speed": speed, "ratio_batch1": r1, "ratio_batch32": r32},
+            indent=2,
+            default=str,
+        )
+        + "\n",
+    )
     atomic_write_text(f"{args.out}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -66,3 +66,55 @@ def test_metric_configs_compose_and_instantiate(metric):
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("eval", overrides=[f"metric={metric}", "ckpt=x"])
     assert instantiate(cfg.metric).func.__name__ == metric
+
+
+def test_full_report_from_the_cli_and_compare(tiny_masked_checkpoint, tiny_corpus, tmp_path):
+    out = tmp_path / "report.json"
+    result = run_eval(
+        f"ckpt={tiny_masked_checkpoint}",
+        "sampler=confidence",
+        "steps=4",
+        "num_samples=2",
+        "repeats=2",
+        "scorer=none",
+        f"data.path={tiny_corpus}",
+        "batch_size=2",
+        "num_batches=1",
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["sampler"]["name"] == "confidence" and report["batch_size"] == 2
+    assert len(report["speed"]["runs"]) == 2 and report["likelihood"]["sequences"] == 2
+    assert "real val text" in result.stdout and out.with_suffix(".md").is_file()
+    table = subprocess.run(
+        [sys.executable, "-m", "cdlm.cli.eval", "--compare", str(out), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert table.returncode == 0 and table.stdout.count("| report |") == 0
+    assert "| process | masked | masked |" in table.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "cdlm.cli.eval", "--compare", "nope.json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(missing, "not found", "nope.json")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["steps=0"], "steps must be >= 1"),
+        (["repeats=0"], "repeats must be >= 1"),
+        (["grid=zigzag"], "unknown grid 'zigzag'"),
+    ],
+)
+def test_report_bad_input(tiny_checkpoint, tmp_path, args, fragment):
+    out = tmp_path / "r.json"
+    result = run_eval(f"ckpt={tiny_checkpoint}", *args, f"out={out}", cwd=tmp_path)
+    assert_one_line_error(result, fragment)
+    assert not out.exists()

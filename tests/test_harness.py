@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from test_quality import CharTokenizer, UniformLM
 
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread
-from test_quality import CharTokenizer, UniformLM
 
 
 @pytest.fixture(scope="module")
@@ -17,14 +17,24 @@ def scorer():
     return Scorer(UniformLM(50), CharTokenizer(), "uniform-50")
 
 
-@pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint",
-                                  "tiny_ar_checkpoint"])
+@pytest.mark.parametrize(
+    "ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint", "tiny_ar_checkpoint"]
+)
 def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
     path = request.getfixturevalue(ckpt)
     corpus = request.getfixturevalue("tiny_corpus")
     report = evaluate_checkpoint(
-        str(path), None, steps=4, num_samples=3, seed=0, repeats=2, grid="uniform",
-        scorer=scorer, device=torch.device("cpu"), data_path=str(corpus), likelihood_sequences=4,
+        str(path),
+        None,
+        steps=4,
+        num_samples=3,
+        seed=0,
+        repeats=2,
+        grid="uniform",
+        scorer=scorer,
+        device=torch.device("cpu"),
+        data_path=str(corpus),
+        likelihood_sequences=4,
     )
     steady = report["speed"]["steady"]
     assert len(report["speed"]["runs"]) == 2

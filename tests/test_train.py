@@ -93,3 +93,25 @@ def test_warmup_cosine_shape():
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert abs(lrs[9] - 0.55) < 1e-9  # halfway through the decay
     assert abs(lrs[14] - 0.1) < 1e-9 and abs(lrs[15] - 0.1) < 1e-9
+
+
+def test_ema_decay_warms_up():
+    from torch.optim.swa_utils import AveragedModel
+
+    from cdlm.training.callbacks import ema_with_warmup
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    averaged = AveragedModel(model, avg_fn=ema_with_warmup(0.999))
+    seen = []
+    for value in (1.0, 2.0, 3.0):
+        model.weight.data.fill_(value)
+        averaged.update_parameters(model)
+        seen.append(averaged.module.weight.item())
+    # copy, then decay (1+n)/(10+n): 2/11 and 3/12
+    expected2 = 2 / 11 * 1.0 + 9 / 11 * 2.0
+    assert seen[0] == 1.0 and abs(seen[1] - expected2) < 1e-6
+    assert abs(seen[2] - (0.25 * expected2 + 0.75 * 3.0)) < 1e-6
+    late = ema_with_warmup(0.9)(
+        torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64), 10_000
+    )
+    assert abs(late.item() - 0.1) < 1e-9  # the ramp is capped at the configured decay

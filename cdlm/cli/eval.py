@@ -1,8 +1,11 @@
-"""``cdlm-eval``: a checkpoint's held-out likelihood (ELBO or ODE NLL) in bits per token."""
+"""``cdlm-eval``: the full report of a checkpoint and sampler (quality beside real text, the val
+bound, speed and work), or its held-out likelihood alone (ELBO or ODE NLL), or ``--compare``
+several JSON reports in one table."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -10,10 +13,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.checkpoint import load_checkpoint
-from cdlm.cli.common import require, run
+from cdlm.cli.common import default_wandb_mode, fail, require, run
 from cdlm.cli.sample import resolve_device
+from cdlm.evaluation import harness
+from cdlm.evaluation.quality import load_scorer
+from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
+from cdlm.samplers.grids import GRIDS
 
 
 def validate(cfg: DictConfig) -> None:
@@ -30,9 +37,67 @@ def validate(cfg: DictConfig) -> None:
     for key in ("rtol", "atol"):
         value = cfg.metric.get(key)
         require(value is None or value > 0, f"metric.{key} must be > 0, got {value}")
+    for key in ("steps", "num_samples", "repeats"):
+        require(cfg[key] >= 1, f"{key} must be >= 1, got {cfg[key]}")
+    require(cfg.grid in GRIDS, f"unknown grid {cfg.grid!r}; valid: {', '.join(GRIDS)}")
+
+
+def full_report(cfg: DictConfig) -> None:
+    """The full evaluation; prints the markdown summary, writes JSON + .md, logs to W&B."""
+    device = resolve_device(cfg.device)
+    scorer = (
+        None
+        if cfg.scorer == "none"
+        else load_scorer(None if cfg.scorer == "default" else cfg.scorer, device)
+    )
+    result = harness.evaluate_checkpoint(
+        cfg.ckpt,
+        instantiate(cfg.get("sampler")),
+        steps=cfg.steps,
+        num_samples=cfg.num_samples,
+        seed=cfg.seed,
+        repeats=cfg.repeats,
+        grid=cfg.grid,
+        scorer=scorer,
+        device=device,
+        data_path=cfg.data.path,
+        likelihood_sequences=None if cfg.num_batches is None else cfg.num_batches * cfg.batch_size,
+    )
+    summary = summary_markdown(result)
+    print(summary)
+    if cfg.out:
+        atomic_write_text(Path(cfg.out), json.dumps(result, indent=2) + "\n")
+        atomic_write_text(Path(cfg.out).with_suffix(".md"), summary)
+        print(f"cdlm-eval: wrote {cfg.out} and {Path(cfg.out).with_suffix('.md')}")
+    if cfg.wandb:
+        log_to_wandb(result)
+
+
+def log_to_wandb(result: dict) -> None:
+    """The report as a W&B run summary plus a samples table."""
+    import wandb
+
+    default_wandb_mode()
+    run_ = wandb.init(
+        project="cdlm",
+        job_type="eval",
+        config={k: result[k] for k in ("model", "sampler", "batch_size", "seed", "environment")},
+    )
+    flat = {
+        f"quality/{side}/{k}": v
+        for side in ("samples", "reference")
+        for k, v in result["quality"][side].items()
+    }
+    flat |= {f"speed/{k}": v["median"] for k, v in result["speed"]["steady"].items() if v}
+    flat["val/bits_per_token"] = result["likelihood"]["bits_per_token"]
+    run_.summary.update(flat)
+    run_.log({"samples": wandb.Table(columns=["text"], data=[[t] for t in result["samples"]])})
+    run_.finish()
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> None:
+    if instantiate(cfg.metric).func is harness.evaluate_checkpoint:
+        return full_report(cfg)
     model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
     require(
         model.process.kind == "gaussian",
@@ -60,6 +125,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--compare"]:
+        paths = sys.argv[2:]
+        missing = [p for p in paths if not Path(p).is_file()]
+        if not paths or missing:
+            fail("cdlm-eval", f"--compare needs report files; not found: {missing or 'none given'}")
+        print(compare_markdown(paths))
+        return
     run("cdlm-eval", "eval", evaluate_checkpoint, validate)
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.processes.base import LossOutput
+from cdlm.denoiser import Prediction, full_precision
+from cdlm.processes.base import LossOutput, TokenProcess
 
 
 class NextTokenPredictor:
@@ -33,13 +33,14 @@ class NextTokenPredictor:
         return Prediction(logits=full_precision(self.network(tokens, zeros, cache=cache)))
 
 
-class AutoregressiveProcess(nn.Module):
+class AutoregressiveProcess(TokenProcess):
     """Next-token prediction. ``bos_id`` (the tokenizer's EOS, filled in at build time) starts
     every sequence, so all L tokens are scored and the NLL is per token like the diffusion
     bounds."""
 
     kind = "autoregressive"
     default_sampler = "ar"
+    causal = True
 
     def __init__(self, vocab_size: int, bos_id: int) -> None:
         super().__init__()
@@ -48,27 +49,11 @@ class AutoregressiveProcess(nn.Module):
         self.vocab_size, self.bos_id = vocab_size, bos_id
 
     @property
-    def network_kwargs(self) -> dict:
-        return {
-            "in_vocab": self.vocab_size,
-            "out_dim": self.vocab_size,
-            "self_condition": False,
-            "causal": True,
-        }
+    def canvas_id(self) -> int:
+        return self.bos_id
 
     def make_denoiser(self, network: nn.Module) -> NextTokenPredictor:
         return NextTokenPredictor(network, self.bos_id)
-
-    def sampling_denoiser(self, network: nn.Module, clamp: bool = False) -> Denoiser:
-        if clamp:
-            raise ValueError("clamp applies to gaussian (embedding) models only")
-        return self.make_denoiser(network)
-
-    def prior(
-        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
-    ) -> Tensor:
-        """Placeholder canvas the sampler overwrites left to right, (B, L)."""
-        return torch.full(shape, self.bos_id, dtype=torch.long, device=device)
 
     def loss(self, denoiser: NextTokenPredictor, tokens: Tensor) -> LossOutput:
         """Exact NLL of the sequence, nats per token."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass
@@ -35,3 +35,36 @@ def stratified_times(
     (antithetic/stratified sampling, Kingma et al. 2021): same mean, lower variance than U(0,1)."""
     u = torch.rand((), device=device, generator=generator)
     return (u + torch.arange(n, device=device) / n) % 1.0
+
+
+class TokenProcess(nn.Module):
+    """What the token-input processes (masked, autoregressive) share: a network that reads token
+    ids, no self-conditioning, no clamping, and a canvas filled with one placeholder id that the
+    sampler overwrites. Subclasses set ``causal`` and ``canvas_id``."""
+
+    causal: bool
+    vocab_size: int
+    canvas_id: int
+
+    @property
+    def network_kwargs(self) -> dict:
+        return {
+            "in_vocab": self.vocab_size,
+            "out_dim": self.vocab_size,
+            "self_condition": False,
+            "causal": self.causal,
+        }
+
+    def make_denoiser(self, network: nn.Module):
+        raise NotImplementedError
+
+    def sampling_denoiser(self, network: nn.Module, clamp: bool = False):
+        if clamp:
+            raise ValueError("clamp applies to gaussian (embedding) models only")
+        return self.make_denoiser(network)
+
+    def prior(
+        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
+    ) -> Tensor:
+        """The starting canvas, (B, L), every position ``canvas_id``."""
+        return torch.full(shape, self.canvas_id, dtype=torch.long, device=device)

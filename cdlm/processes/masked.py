@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.processes.base import LevelMetrics, LossOutput, stratified_times
+from cdlm.processes.base import LevelMetrics, LossOutput, TokenProcess, stratified_times
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 
 
@@ -40,7 +40,7 @@ class MaskedDenoiser:
         return Prediction(logits=torch.where((z != self.mask_id)[..., None], carried, logp))
 
 
-class MaskedProcess(nn.Module):
+class MaskedProcess(TokenProcess):
     """Masked diffusion over token ids.
 
     Args:
@@ -54,6 +54,7 @@ class MaskedProcess(nn.Module):
 
     kind = "masked"
     default_sampler = "ancestral"
+    causal = False
 
     def __init__(
         self,
@@ -76,27 +77,11 @@ class MaskedProcess(nn.Module):
         self.schedule, self.t_min = schedule, t_min
 
     @property
-    def network_kwargs(self) -> dict:
-        return {
-            "in_vocab": self.vocab_size,
-            "out_dim": self.vocab_size,
-            "self_condition": False,
-            "causal": False,
-        }
+    def canvas_id(self) -> int:
+        return self.mask_id
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return MaskedDenoiser(network, self.mask_id)
-
-    def sampling_denoiser(self, network: nn.Module, clamp: bool = False) -> Denoiser:
-        if clamp:
-            raise ValueError("clamp applies to gaussian (embedding) models only")
-        return self.make_denoiser(network)
-
-    def prior(
-        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
-    ) -> Tensor:
-        """z_1: every position masked, (B, L)."""
-        return torch.full(shape, self.mask_id, dtype=torch.long, device=device)
 
     def corrupt(
         self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None

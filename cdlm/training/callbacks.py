@@ -15,7 +15,9 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch.optim.swa_utils import get_ema_avg_fn
 
 from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.generate import generate
@@ -122,3 +124,29 @@ class Throughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         rank_zero_info(", ".join(f"{k}={v:.1f}" for k, v in metrics.items()))
+
+
+class EMA(WeightAveraging):
+    """Lightning's weight averaging with an EMA whose decay warms up (``ema_with_warmup``);
+    ``warmup=False`` gives the plain fixed-decay EMA of ``EMAWeightAveraging``."""
+
+    def __init__(self, decay: float = 0.999, warmup: bool = True, **kwargs) -> None:
+        avg_fn = ema_with_warmup(decay) if warmup else get_ema_avg_fn(decay)
+        super().__init__(avg_fn=avg_fn, **kwargs)
+
+
+def ema_with_warmup(decay: float = 0.999) -> Callable:
+    """An ``avg_fn`` for Lightning's ``WeightAveraging``: EMA whose decay ramps up as
+    min(decay, (1 + n) / (10 + n)) over the n updates so far (the warmup of TensorFlow's
+    ExponentialMovingAverage with num_updates). A fixed 0.999 would keep most of the random
+    initialisation in a run of a few hundred steps; the ramp lets short runs have a useful EMA and
+    long runs the full one."""
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
+
+    def avg_fn(averaged: torch.Tensor, current: torch.Tensor, num_averaged) -> torch.Tensor:
+        n = float(num_averaged)
+        d = min(decay, (1.0 + n) / (10.0 + n))
+        return averaged * d + current * (1.0 - d)
+
+    return avg_fn
