@@ -40,12 +40,21 @@ def default_sampler(process: nn.Module) -> Callable:
     return instantiate(OmegaConf.load(config_dir() / "sampler" / f"{process.default_sampler}.yaml"))
 
 
-def decode(tokenizer, ids: list[int]) -> Sample:
-    """Cuts at the first EOS (variable length) and drops special tokens from the text."""
+def decode(tokenizer, ids: list[int], cut_at_eos: bool = True) -> Sample:
+    """Cuts at the first EOS (variable length), or with ``cut_at_eos=False`` keeps the whole
+    canvas with every EOS written as a line break (packed training data puts EOS between
+    paragraphs); special tokens are dropped from the text."""
     eos = tokenizer.eos_token_id
-    if eos in ids:
-        ids = ids[: ids.index(eos)]
-    return Sample(text=tokenizer.decode(ids, skip_special_tokens=True).strip(), token_ids=ids)
+    if cut_at_eos:
+        if eos in ids:
+            ids = ids[: ids.index(eos)]
+        return Sample(text=tokenizer.decode(ids, skip_special_tokens=True).strip(), token_ids=ids)
+    pieces, start = [], 0
+    for i, token in enumerate([*ids, eos]):
+        if token == eos:
+            pieces.append(tokenizer.decode(ids[start:i], skip_special_tokens=True).strip())
+            start = i + 1
+    return Sample(text="\n".join(p for p in pieces if p), token_ids=ids)
 
 
 @torch.no_grad()
@@ -63,6 +72,7 @@ def generate(
     grid: str = "uniform",
     rounding: str = "argmax",
     clamp: bool = False,
+    cut_at_eos: bool = True,
     callback: Callback | None = None,
 ) -> Generation:
     """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
@@ -93,6 +103,6 @@ def generate(
             denoiser, x, timesteps, process=process, generator=generator, callback=callback
         )
         ids = out.tokens if rounding == "argmax" else process.embedding.nearest(out.x)
-        samples += [decode(tokenizer, row) for row in ids.tolist()]
+        samples += [decode(tokenizer, row, cut_at_eos) for row in ids.tolist()]
         nfe, positions = out.nfe, out.positions if out.positions is not None else out.nfe * seq_len
     return Generation(samples, nfe, positions, wall_seconds=time.perf_counter() - start)

@@ -117,8 +117,12 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--ema-decay", type=float, default=0.99,
-                        help="EMA decay; the default 0.999 averages in the random init at short budgets")
+    parser.add_argument(
+        "--ema-decay",
+        type=float,
+        default=0.99,
+        help="EMA decay; the default 0.999 averages in the random init at short budgets",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="outputs/compare_processes")
     parser.add_argument("--out", default="docs/compare_processes")

@@ -1,8 +1,8 @@
 """Sample quality and sampling speed of trained AR, masked and gaussian checkpoints, one run.
 
-For each checkpoint: ``cdlm-eval``'s harness with the process's default sampler (or the ones
-given), 32 samples, gen-PPL under SmolLM2 and entropy beside real val text cut to the same
-lengths. Then the masked sampler against the KV-cached AR sampler at batch 1 and batch 32
+For each checkpoint: ``cdlm-eval``'s harness with the process's default sampler, 32 samples
+scored at equal length (whole 128-token canvases, EOS written as a line break, the AR sampler not
+stopping at EOS), gen-PPL under SmolLM2 and entropy beside real val text of the same length. Then the masked sampler against the KV-cached AR sampler at batch 1 and batch 32
 (tokens/s on final tokens, median of the timed runs). Writes ``<out>.json`` and ``<out>.md``.
 
     python experiments/eval_processes.py --runs outputs/compare_processes --out docs/eval_processes
@@ -41,7 +41,7 @@ def main() -> None:
     cpu, runs = torch.device("cpu"), Path(args.runs)
     scorer = load_scorer()
     plan = [
-        ("autoregressive", sampler("ar"), 1),
+        ("autoregressive", sampler("ar", stop_at_eos=False), 1),
         ("masked", sampler("ancestral"), args.masked_steps),
         ("gaussian", sampler("ddpm"), args.gaussian_steps),
     ]
@@ -58,6 +58,7 @@ def main() -> None:
             grid="uniform",
             scorer=scorer,
             device=cpu,
+            cut_at_eos=False,
         )
         quality[process] = report
         print(process, json.dumps(report["quality"]), flush=True)
@@ -74,13 +75,14 @@ def main() -> None:
                 scorer=None,
                 device=cpu,
                 likelihood_sequences=1,
+                cut_at_eos=False,  # both fill the whole canvas: tokens/s over the same output
             )
             speed[f"{process}@{batch}"] = report["speed"]
     lines = [
         f"Samples: {args.num_samples} per model, seq_len 128, seed 0; samplers: AR `ar` (KV "
         f"cache), masked `ancestral` {args.masked_steps} steps, gaussian `ddpm` "
-        f"{args.gaussian_steps} steps. Scorer: {scorer.name}, float64 log-softmax. Real text: "
-        "val sequences cut to each sample's length.",
+        f"{args.gaussian_steps} steps; all 128 tokens of every canvas scored (EOS as line break). "
+        f"Scorer: {scorer.name}, float64 log-softmax. Real text: val sequences of the same length.",
         "",
         "| model | gen-PPL | token entropy (bits) | distinct-2 | mean length | real-text gen-PPL "
         "| real-text entropy | val bits/token |",

@@ -92,3 +92,20 @@ def test_token_input_rejects_self_conditioning_and_needs_one_input_mode():
         Transformer(out_dim=V, in_dim=4, in_vocab=V)
     with pytest.raises(ValueError, match="causal"):
         Transformer(out_dim=V, in_vocab=V, self_condition=False).new_cache()
+
+
+def test_sampling_can_fill_the_whole_canvas_past_eos():
+    net = causal_net()
+    process = AutoregressiveProcess(vocab_size=V, bos_id=BOS)
+    g = torch.Generator().manual_seed(5)
+    x = process.prior((4, 12), torch.device("cpu"), g)
+    out = sample_ar(
+        process.make_denoiser(net),
+        x,
+        uniform_grid(1),
+        process=process,
+        generator=g,
+        stop_at_eos=False,
+        temperature=3.0,
+    )
+    assert out.nfe == 12 and out.positions == 12

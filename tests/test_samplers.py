@@ -117,3 +117,16 @@ def test_bad_grid_and_eta_are_refused():
     process = make_process()
     with pytest.raises(ValueError, match="eta"):
         sample_ddim(None, torch.zeros(1, 1, 6), uniform_grid(2), process=process, eta=-1.0)
+
+
+def test_decode_cuts_at_eos_or_keeps_paragraphs():
+    from cdlm.data.corpus import Document
+    from cdlm.data.tokenizer import train_bpe, wrap
+    from cdlm.generate import decode
+
+    tok = wrap(train_bpe([Document("one two three four " * 30, "x")], 280).to_str())
+    a, b = tok("one two")["input_ids"], tok(" three")["input_ids"]
+    ids = [*a, tok.eos_token_id, *b, tok.eos_token_id, tok.eos_token_id]
+    assert decode(tok, ids).text == "one two" and decode(tok, ids).token_ids == a
+    full = decode(tok, ids, cut_at_eos=False)
+    assert full.text == "one two\nthree" and full.token_ids == ids

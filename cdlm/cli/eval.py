@@ -62,6 +62,7 @@ def full_report(cfg: DictConfig) -> None:
         device=device,
         data_path=cfg.data.path,
         likelihood_sequences=None if cfg.num_batches is None else cfg.num_batches * cfg.batch_size,
+        cut_at_eos=cfg.cut_at_eos,
     )
     summary = summary_markdown(result)
     print(summary)

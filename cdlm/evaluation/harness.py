@@ -65,10 +65,12 @@ def evaluate_checkpoint(
     device: torch.device,
     data_path: str | None = None,
     likelihood_sequences: int | None = None,
+    cut_at_eos: bool = True,
 ) -> dict:
     """Loads, samples (1 warm-up + ``repeats`` timed runs, batch = ``num_samples``), scores the
     samples and as many real val sequences cut to the same lengths, and computes the val bound
-    on the first ``likelihood_sequences`` val sequences (None: all)."""
+    on the first ``likelihood_sequences`` val sequences (None: all). ``cut_at_eos=False`` scores
+    whole canvases (EOS as line breaks): equal length for every model and sampler."""
     start = time.perf_counter()
     model = load_checkpoint(ckpt, device)
     load_seconds = time.perf_counter() - start
@@ -83,12 +85,13 @@ def evaluate_checkpoint(
         seq_len=seq_len,
         seed=seed,
         grid=grid,
+        cut_at_eos=cut_at_eos,
     )
     samples = speed.pop("generation").samples
     val = validation_tokens(model, data_path)
     # Real text at equal length: val sequence i cut to the length of sample i.
     reference = [
-        decode(model.tokenizer, row[: max(2, len(s.token_ids))])
+        decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos)
         for row, s in zip(val.tolist(), samples, strict=False)
     ]
     options = {k: v for k, v in getattr(sampler, "keywords", {}).items()}
@@ -111,6 +114,7 @@ def evaluate_checkpoint(
         "batch_size": num_samples,
         "seed": seed,
         "repeats": repeats,
+        "cut_at_eos": cut_at_eos,
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),

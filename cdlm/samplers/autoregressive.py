@@ -21,12 +21,15 @@ def sample_ar(
     callback: Callback | None = None,
     temperature: float = 1.0,
     use_cache: bool = True,
+    stop_at_eos: bool = True,
 ) -> SampleOutput:
     """Ancestral sampling, one token per network call; ``timesteps`` is ignored (the sequence
     length sets the number of calls). With ``use_cache`` each call feeds one new position and attends to the
     cached keys/values (positions processed = tokens made); without it every call reruns the
-    whole prefix (the reference the cache is tested against). Stops once every row has produced
-    EOS (the process's BOS id, which is the tokenizer's EOS); later positions become EOS."""
+    whole prefix (the reference the cache is tested against). With ``stop_at_eos`` it stops once
+    every row has produced EOS (the process's BOS id, which is the tokenizer's EOS) and later
+    positions become EOS; without, it fills the whole canvas (EOS then separates paragraphs, as in
+    packed training data)."""
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id
     cache = denoiser.network.new_cache() if use_cache else None
@@ -43,7 +46,7 @@ def sample_ar(
         token = sample_categorical(pred.logits[:, -1].log_softmax(-1), generator, temperature)
         x[:, i] = torch.where(done, eos, token)
         step_input = x[:, i : i + 1]
-        done |= x[:, i] == eos
+        done |= (x[:, i] == eos) & stop_at_eos
         if callback is not None:
             callback(
                 StepInfo(i=i, t=1.0 - i / length, s=1.0 - (i + 1) / length, x=x, prediction=pred)
