@@ -50,7 +50,11 @@ def tiny_corpus(tmp_path_factory) -> Path:
 
 
 def run_cli(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    module = {"cdlm-train": "cdlm.cli.train", "cdlm-sample": "cdlm.cli.sample"}[prog]
+    module = {
+        "cdlm-train": "cdlm.cli.train",
+        "cdlm-sample": "cdlm.cli.sample",
+        "cdlm-eval": "cdlm.cli.eval",
+    }[prog]
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,

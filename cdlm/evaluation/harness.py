@@ -89,9 +89,10 @@ def evaluate_checkpoint(
     )
     samples = speed.pop("generation").samples
     val = validation_tokens(model, data_path)
-    # Real text at equal length: val sequence i cut to the length of sample i.
+    # Real text at equal length: the first len(sample i) tokens of val sequence i, its EOS
+    # (paragraph ends) kept as line breaks.
     reference = [
-        decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos)
+        decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos=False)
         for row, s in zip(val.tolist(), samples, strict=False)
     ]
     options = {k: v for k, v in getattr(sampler, "keywords", {}).items()}
