@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from cdlm.checkpoint import load_checkpoint
+from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.io import atomic_write_text
-from cdlm.likelihood.elbo import elbo
-from cdlm.likelihood.evaluate import evaluate, validation_tokens
+from cdlm.likelihood.evaluate import validation_tokens
 
 PROCESSES = ("autoregressive", "masked", "gaussian")
 
@@ -70,25 +70,15 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
     return out
 
 
-@torch.no_grad()
 def bound(ckpt: Path, repeats: int, seed: int) -> tuple[float, float, dict]:
     """Mean and standard error over ``repeats`` passes of the val bound, bits/token."""
     model = load_checkpoint(ckpt)
     tokens = validation_tokens(model)
-    passes, terms = [], {}
-    for r in range(repeats):
-        if model.process.kind == "gaussian":
-            report = evaluate(model, elbo, tokens, batch_size=32, num_batches=None, seed=seed + r)
-            terms = report["bits_per_token"]
-            passes.append(terms["total"])
-            continue
-        torch.manual_seed(seed + r)  # masked: fresh t and masks per pass; AR: deterministic
-        den = model.process.make_denoiser(model.network)
-        nats = sum(model.process.loss(den, b).loss.item() * len(b) for b in tokens.split(32))
-        passes.append(nats / len(tokens) / math.log(2))
-    mean = sum(passes) / len(passes)
-    var = sum((p - mean) ** 2 for p in passes) / max(1, len(passes) - 1)
-    return mean, math.sqrt(var / len(passes)), terms
+    passes = [val_bits_per_token(model, tokens, seed + r) for r in range(repeats)]
+    values = [p["bits_per_token"] for p in passes]
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
+    return mean, math.sqrt(var / len(values)), passes[-1].get("terms", {})
 
 
 def table(rows: list[dict], budget: str) -> str:
