@@ -13,6 +13,10 @@ seed. Per run it records NFE, wall seconds and:
   * ``consistency``: the model's own token accuracy when its sample is re-noised to t = 0.5 and
     denoised (``process.evaluate_at``): samples the model finds typical score like held-out text.
     "Matches 1000-step DDPM" means consistency within one standard error of DDPM-1000's.
+  * ``gen_ppl`` and ``token_entropy_bits``: generative perplexity of the samples (whole canvases,
+    EOS as line breaks) under the external scorer (``cdlm.evaluation.quality``, SmolLM2-135M by
+    default), with the unigram entropy beside it; real val text of the same length is the
+    reference line.
 Writes docs/quality_vs_nfe.json and docs/quality_vs_nfe.png.
 """
 
@@ -31,7 +35,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from cdlm.checkpoint import load_checkpoint  # noqa: E402
+from cdlm.evaluation.quality import (  # noqa: E402
+    generative_perplexity,
+    load_scorer,
+    token_entropy,
+)
+from cdlm.generate import decode  # noqa: E402
 from cdlm.io import atomic_write_text  # noqa: E402
+from cdlm.likelihood.evaluate import validation_tokens  # noqa: E402
 from cdlm.samplers import (  # noqa: E402
     make_grid,
     sample_adaptive,
@@ -75,6 +86,13 @@ def run(model, x1, label, sampler, grid, steps, options) -> tuple[dict, torch.Te
     return record | {"wall_seconds": round(seconds, 2), "consistency": float(check.acc)}, out.tokens
 
 
+def text_quality(model, tokens: torch.Tensor, scorer) -> dict:
+    """gen-PPL and token entropy of (B, L) token ids, whole canvases."""
+    samples = [decode(model.tokenizer, row, cut_at_eos=False) for row in tokens.tolist()]
+    ppl = generative_perplexity([s.text for s in samples], scorer)
+    return {"gen_ppl": ppl.ppl, "token_entropy_bits": token_entropy([s.token_ids for s in samples])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ckpt")
@@ -84,11 +102,16 @@ def main() -> None:
     model = load_checkpoint(args.ckpt)
     shape = (args.batch, model.config["seq_len"])
     x1 = model.process.prior(shape, torch.device("cpu"), torch.Generator().manual_seed(0))
+    scorer = load_scorer()
+    real = text_quality(model, validation_tokens(model)[: args.batch], scorer)
     ode_ref, ode_tokens = run(model, x1, "reference ODE", sample_dpmpp_2m, "logsnr", 500, {})
     ddpm_ref, ddpm_tokens = run(model, x1, "reference DDPM", sample_ddpm, "uniform", 1000, {})
+    ode_ref |= text_quality(model, ode_tokens, scorer)
+    ddpm_ref |= text_quality(model, ddpm_tokens, scorer)
     records = []
     for spec in RUNS:
         record, tokens = run(model, x1, *spec)
+        record |= text_quality(model, tokens, scorer)
         record["ode_agreement"] = float((tokens == ode_tokens).float().mean())
         record["ddpm_agreement"] = float((tokens == ddpm_tokens).float().mean())
         records.append(record)
@@ -105,27 +128,34 @@ def main() -> None:
         "tokens": n_tokens,
         "reference_ode": ode_ref,
         "reference_ddpm": ddpm_ref | {"consistency_standard_error": se},
+        "real_text": real,
         "nfe_to_match_ddpm_1000": needed,
         "runs": records,
     }
     atomic_write_text(DOCS / "quality_vs_nfe.json", json.dumps(report, indent=2) + "\n")
-    plot(records, ddpm_ref, se)
+    plot(records, ddpm_ref, se, real)
     print(json.dumps(needed))
 
 
-def plot(records: list[dict], ddpm_ref: dict, se: float) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+def plot(records: list[dict], ddpm_ref: dict, se: float, real: dict) -> None:
+    fig, (left, right, third) = plt.subplots(1, 3, figsize=(16, 4))
     for label in dict.fromkeys(r["sampler"] for r in records):
         rs = [r for r in records if r["sampler"] == label]
         nfe = [r["nfe"] for r in rs]
         left.plot(nfe, [r["consistency"] for r in rs], "o-", label=label)
         right.plot(nfe, [r["ode_agreement"] for r in rs], "o-", label=label)
+        third.plot(nfe, [r["gen_ppl"] for r in rs], "o-", label=label)
     c = ddpm_ref["consistency"]
     left.axhspan(c - se, c + se, color="grey", alpha=0.3, label="DDPM 1000 steps (+-1 SE)")
     left.set(xscale="log", xlabel="NFE", ylabel="model re-prediction accuracy at t=0.5")
     right.set(xscale="log", xlabel="NFE", ylabel="token agreement with converged ODE")
     left.set_title("consistency (higher: more typical samples)")
     right.set_title("convergence to the probability-flow ODE")
+    third.axhline(ddpm_ref["gen_ppl"], color="grey", ls=":", label="DDPM 1000 steps")
+    third.axhline(real["gen_ppl"], color="black", ls="--", label="real val text")
+    third.set(xscale="log", yscale="log", xlabel="NFE", ylabel="gen. perplexity (SmolLM2-135M)")
+    third.set_title("generative perplexity (entropy in the JSON)")
+    third.legend(fontsize=7)
     left.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(DOCS / "quality_vs_nfe.png", dpi=110)
