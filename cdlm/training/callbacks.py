@@ -7,7 +7,6 @@ into the model: what they export and sample is always the EMA model.
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.optim.swa_utils import get_ema_avg_fn
 
 from cdlm.checkpoint import Model, save_checkpoint
+from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generate import generate
 
 
@@ -114,11 +114,7 @@ class Throughput(L.Callback):
         pl_module.log("train/tokens_per_sec", self.tokens / self.seconds)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if torch.cuda.is_available() and pl_module.device.type == "cuda":
-            peak_mb = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-        else:  # ru_maxrss is in KiB on Linux
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        metrics = {"train/peak_memory_mb": peak_mb}
+        metrics = {"train/peak_memory_mb": peak_memory_mb(pl_module.device)}
         if self.seconds:
             metrics["train/tokens_per_sec"] = self.tokens / self.seconds
         for logger in trainer.loggers:
