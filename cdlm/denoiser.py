@@ -28,7 +28,9 @@ def full_precision(x: Tensor) -> Tensor:
 
 
 class Denoiser(Protocol):
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction: ...
+    def __call__(
+        self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, *, label=None
+    ) -> Prediction: ...
 
 
 class EmbeddingDenoiser:
@@ -43,8 +45,10 @@ class EmbeddingDenoiser:
     def __init__(self, network: nn.Module, embedding: nn.Module, predicts_logits: bool) -> None:
         self.network, self.embedding, self.predicts_logits = network, embedding, predicts_logits
 
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
-        out = self.network(x_t, t, self_cond)
+    def __call__(
+        self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
+    ) -> Prediction:
+        out = self.network(x_t, t, self_cond, label=label)
         if self.predicts_logits:
             logits = out.float()
             x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()

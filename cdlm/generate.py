@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from hydra.utils import instantiate
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from cdlm import config_dir
+from cdlm.guidance import Guidance
 from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
 from cdlm.samplers.base import Callback
 
@@ -74,6 +76,9 @@ def generate(
     clamp: bool = False,
     cut_at_eos: bool = True,
     callback: Callback | None = None,
+    guidance: Guidance | None = None,
+    canvas: tuple[list[int], list[bool]] | None = None,
+    strength: float = 1.0,
 ) -> Generation:
     """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
 
@@ -81,6 +86,10 @@ def generate(
     device. ``grid`` names a timestep grid (``cdlm.samplers.grids``). ``rounding``: ``argmax`` of
     the final logits, or the ``nearest`` embedding of the final
     state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM).
+    ``guidance``: a label and classifier-free guidance scale. ``canvas``: (ids, editable) of
+    ``seq_len`` each, from ``cdlm.regions.build_canvas``: the process holds the non-editable
+    positions fixed; ``strength`` < 1 starts the editable ones from their ids noised (or masked)
+    to t = strength (editing) instead of from the prior.
     """
     for name, value in (("steps", steps), ("num_samples", num_samples), ("seq_len", seq_len)):
         if value < 1:
@@ -89,20 +98,41 @@ def generate(
         raise ValueError(f"unknown rounding {rounding!r}; valid: {', '.join(ROUNDINGS)}")
     if rounding == "nearest" and not hasattr(process, "embedding"):
         raise ValueError("rounding=nearest applies to gaussian (embedding) models only")
+    if not 0.0 < strength <= 1.0:
+        raise ValueError(f"edit strength must be in (0, 1], got {strength}")
+    if canvas is not None and len(canvas[0]) != seq_len:
+        raise ValueError(f"the canvas has {len(canvas[0])} positions, seq_len is {seq_len}")
     check_compatible(sampler, process.kind)
     device = next(network.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
-    timesteps = make_grid(grid, steps, getattr(process, "schedule", None), device)
+    timesteps = make_grid(grid, steps, getattr(process, "schedule", None), device) * strength
+    guidance = guidance or Guidance()
+    passes = 2 if guidance.label is not None and guidance.scale not in (0.0, 1.0) else 1
     batch_size = batch_size or num_samples
     samples, nfe, start = [], 0, time.perf_counter()
     for first in range(0, num_samples, batch_size):
         n = min(batch_size, num_samples - first)
-        denoiser = process.sampling_denoiser(network, clamp=clamp)
         x = process.prior((n, seq_len), device, generator)
+        condition = partial(guidance.wrap, batch=n, device=device)
+        if canvas is not None:
+            ids = torch.tensor(canvas[0], device=device).expand(n, -1)
+            editable = torch.tensor(canvas[1], device=device).expand(n, -1)
+            x = process.start(x, ids, editable, strength, generator)
+            held = process.hold_fixed
+            condition = partial(
+                _then, condition, partial(held, ids=ids, editable=editable, generator=generator)
+            )
+        denoiser = process.sampling_denoiser(network, clamp=clamp, condition=condition)
         out = sampler(
             denoiser, x, timesteps, process=process, generator=generator, callback=callback
         )
         ids = out.tokens if rounding == "argmax" else process.embedding.nearest(out.x)
         samples += [decode(tokenizer, row, cut_at_eos) for row in ids.tolist()]
-        nfe, positions = out.nfe, out.positions if out.positions is not None else out.nfe * seq_len
+        positions = out.positions if out.positions is not None else out.nfe * seq_len
+        nfe, positions = out.nfe * passes, positions * passes
     return Generation(samples, nfe, positions, wall_seconds=time.perf_counter() - start)
+
+
+def _then(first: Callable, second: Callable, denoiser):
+    """second(first(denoiser)): guidance, then the fixed-region hold around it."""
+    return second(first(denoiser))

@@ -55,6 +55,14 @@ def test_processes_and_schedules_instantiate(process, schedule_group, expected):
         assert net.causal == (process == "autoregressive")
 
 
+@pytest.mark.parametrize("process", ["gaussian", "masked"])
+@pytest.mark.parametrize("sampler", options("time_sampler"))
+def test_time_samplers_instantiate_inside_each_process(process, sampler):
+    cfg = compose_train(f"process={process}", f"time_sampler@process.time_sampler={sampler}")
+    obj = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+    assert type(obj.time_sampler).__name__.lower() == sampler
+
+
 def test_network_optimizer_scheduler_instantiate():
     cfg = compose_train()
     net = instantiate(cfg.network, in_dim=8, out_dim=10, max_seq_len=16)
@@ -106,6 +114,7 @@ def test_every_yaml_file_is_covered():
         "sampler",
         "data",
         "trainer",
+        "time_sampler",
     }
     groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
     assert groups <= covered, groups - covered

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from cdlm.denoiser import Prediction
-from cdlm.processes.base import stratified_times
 from cdlm.processes.gaussian import GaussianProcess, NormalizedEmbedding
 from cdlm.schedules import CosineSchedule
+from cdlm.time_samplers import stratified_times
 
 
 def test_embeddings_have_fixed_norm():

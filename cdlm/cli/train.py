@@ -18,6 +18,8 @@ from cdlm.training.module import DiffusionLM
 def validate(cfg: DictConfig) -> None:
     require(cfg.data.seq_len >= 2, f"data.seq_len must be >= 2, got {cfg.data.seq_len}")
     require(cfg.data.batch_size >= 1, f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
+    p = cfg.condition.dropout
+    require(0.0 <= p <= 1.0, f"condition.dropout must be in [0, 1], got {p}")
     steps = cfg.trainer.max_steps
     require(
         steps is None or steps == -1 or steps >= 1,
@@ -55,13 +57,19 @@ def train(cfg: DictConfig) -> None:
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
-    network_kwargs = process.network_kwargs | {"max_seq_len": cfg.data.seq_len}
+    network_kwargs = process.network_kwargs | {
+        "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted masked prediction
+        "num_classes": len(data.labels) if cfg.condition.labels else 0,
+    }
     network = instantiate(cfg.network, **network_kwargs)
     module = DiffusionLM(
         process,
         network,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=instantiate(cfg.get("lr_scheduler")),
+        label_dropout=cfg.condition.dropout,
+        eval_times=cfg.eval_times,
+        log_prior=data.log_unigram(),
     )
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]

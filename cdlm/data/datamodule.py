@@ -112,6 +112,13 @@ class TextDataModule(L.LightningDataModule):
         tokens = torch.tensor([r[0] for r in rows], dtype=torch.long)
         return SequenceDataset(tokens, torch.tensor([index[r[1]] for r in rows]))
 
+    def log_unigram(self) -> torch.Tensor:
+        """(V,) log-frequencies of the training tokens (add-one smoothed): the no-context
+        readout that training diagnostics compare the model against."""
+        counts = torch.bincount(self.train_set.tokens.flatten(), minlength=self.vocab_size)
+        counts = counts.double() + 1.0
+        return (counts / counts.sum()).log().float()
+
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
             self.train_set,

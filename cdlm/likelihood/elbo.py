@@ -26,8 +26,8 @@ from torch import Tensor
 
 from cdlm.denoiser import Denoiser
 from cdlm.likelihood.terms import bits_per_token, rounding_nll
-from cdlm.processes.base import stratified_times
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.time_samplers import stratified_times
 
 
 @dataclass

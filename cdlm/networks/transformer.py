@@ -120,6 +120,8 @@ class Transformer(nn.Module):
             clean data, Chen et al. 2022 "Analog Bits"); zeros stand in when it is absent.
             Vector input only.
         causal: causal instead of bidirectional attention (then ``forward`` accepts a KV cache).
+        num_classes: > 0 makes the network class-conditional: a label embedding (plus one for
+            "no label", label -1) joins the noise conditioning of every adaLN block.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Transformer(nn.Module):
         max_seq_len: int = 1024,
         self_condition: bool = True,
         causal: bool = False,
+        num_classes: int = 0,
     ) -> None:
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
@@ -153,6 +156,11 @@ class Transformer(nn.Module):
         self.time_mlp = nn.Sequential(
             nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model)
         )
+        self.num_classes = num_classes
+        if num_classes > 0:
+            # Zero init: training starts from the unconditional network.
+            self.label_embed = nn.Embedding(num_classes + 1, d_model)
+            nn.init.zeros_(self.label_embed.weight)
         self.rotary = Rotary(d_model // n_heads, max_seq_len)
         self.blocks = nn.ModuleList(
             Block(d_model, n_heads, mlp_ratio, dropout) for _ in range(n_layers)
@@ -175,16 +183,24 @@ class Transformer(nn.Module):
         t: Tensor,
         self_cond: Tensor | None = None,
         cache: list[LayerCache] | None = None,
+        label: Tensor | None = None,
     ) -> Tensor:
         """x: (B, L, in_dim) vectors or (B, L) ids; t: (B,) noise level in [0, 1];
         self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
-        a first call it takes one new position per call)."""
+        a first call it takes one new position per call); label: (B,) class ids, -1 (or None)
+        for none."""
         if cache is not None and cache[0].length and x.shape[1] != 1:
             raise ValueError("after the first cached call, feed one new position per call")
         if self.self_condition:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
         h = self.in_proj(x)
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
+        if self.num_classes > 0:
+            if label is None:
+                label = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+            c = c + self.label_embed(torch.where(label < 0, self.num_classes, label)).to(c.dtype)
+        elif label is not None and bool((label >= 0).any()):
+            raise ValueError("this network was trained without labels (num_classes=0)")
         for i, block in enumerate(self.blocks):
             h = block(h, c, self.rotary, self.causal, None if cache is None else cache[i])
         shift, scale = self.ada_out(c).chunk(2, dim=-1)

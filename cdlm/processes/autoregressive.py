@@ -26,11 +26,13 @@ class NextTokenPredictor:
         return torch.cat([bos, tokens[:, :-1]], dim=1)
 
     def __call__(
-        self, tokens: Tensor, t: Tensor | None = None, self_cond=None, cache=None
+        self, tokens: Tensor, t: Tensor | None = None, self_cond=None, cache=None, label=None
     ) -> Prediction:
-        """tokens: (B, L) inputs (already shifted); cache: the network's KV cache or None."""
+        """tokens: (B, L) inputs (already shifted); cache: the network's KV cache or None;
+        label: (B,) class ids or None."""
         zeros = torch.zeros(tokens.shape[0], device=tokens.device)
-        return Prediction(logits=full_precision(self.network(tokens, zeros, cache=cache)))
+        out = self.network(tokens, zeros, cache=cache, label=label)
+        return Prediction(logits=full_precision(out))
 
 
 class AutoregressiveProcess(TokenProcess):
@@ -60,3 +62,43 @@ class AutoregressiveProcess(TokenProcess):
         logits = denoiser(denoiser.shift(tokens)).logits
         nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
+
+    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+        """The sampler writes every position; the prompt is forced by ``hold_fixed``."""
+        return x
+
+    def hold_fixed(self, denoiser, ids: Tensor, editable: Tensor, generator) -> ForcePrefix:
+        """Forces the fixed prefix. Left-to-right decoding never sees right context, so the
+        baseline takes a prompt but no fixed region after a generated one."""
+        fixed = ~editable
+        after_open = torch.cummax(editable.long(), dim=1).values.bool()
+        if (fixed & after_open).any():
+            raise ValueError(
+                "the autoregressive baseline sees only left context: it takes prompt=, "
+                "not fixed regions after generated ones (infill=/edit=)"
+            )
+        return ForcePrefix(denoiser, ids, fixed)
+
+
+class ForcePrefix:
+    """Makes the next-token distribution a point mass on the given token at fixed positions, so
+    that any AR sampler reproduces the prompt (teacher forcing through the denoiser)."""
+
+    def __init__(self, denoiser, ids: Tensor, fixed: Tensor) -> None:
+        self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
+
+    def __getattr__(self, name: str):
+        return getattr(self.denoiser, name)
+
+    def __call__(self, tokens: Tensor, t=None, self_cond=None, cache=None, **kw) -> Prediction:
+        done = cache[0].length if cache else 0
+        pred = self.denoiser(tokens, t, self_cond, cache=cache, **kw)
+        pos = done + tokens.shape[1] - 1  # the position the last output predicts
+        if pos >= self.ids.shape[1]:
+            return pred
+        logits = pred.logits.clone()
+        forced = torch.full_like(logits[:, -1], -torch.inf).scatter_(
+            -1, self.ids[:, pos, None], 0.0
+        )
+        logits[:, -1] = torch.where(self.fixed[:, pos, None], forced, logits[:, -1])
+        return Prediction(logits=logits)

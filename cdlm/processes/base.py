@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -26,15 +27,27 @@ class LevelMetrics:
 
     ce: Tensor  # cross-entropy of the model's token prediction, nats/token
     acc: Tensor  # argmax accuracy of the model's token prediction
+    # The same for the no-context readout at the same noise draw (the token's own noisy
+    # observation and the unigram prior, nothing else); None without a prior. A model uses
+    # context exactly where it beats this.
+    baseline_ce: Tensor | None = None
+    baseline_acc: Tensor | None = None
 
 
-def stratified_times(
-    n: int, device: torch.device, generator: torch.Generator | None = None
-) -> Tensor:
-    """n times in [0, 1), one in each of n equal strata with a shared random offset
-    (antithetic/stratified sampling, Kingma et al. 2021): same mean, lower variance than U(0,1)."""
-    u = torch.rand((), device=device, generator=generator)
-    return (u + torch.arange(n, device=device) / n) % 1.0
+def level_metrics(logits: Tensor, target: Tensor, baseline: Tensor | None) -> LevelMetrics:
+    """CE and accuracy of (N, V) ``logits`` on (N,) ``target``, and of ``baseline`` logits."""
+    if target.numel() == 0:
+        return LevelMetrics(ce=torch.zeros(()), acc=torch.ones(()))
+
+    def ce_acc(z: Tensor) -> tuple[Tensor, Tensor]:
+        z = z.float()
+        return F.cross_entropy(z, target), (z.argmax(-1) == target).float().mean()
+
+    ce, acc = ce_acc(logits)
+    if baseline is None:
+        return LevelMetrics(ce=ce, acc=acc)
+    b_ce, b_acc = ce_acc(baseline)
+    return LevelMetrics(ce=ce, acc=acc, baseline_ce=b_ce, baseline_acc=b_acc)
 
 
 class TokenProcess(nn.Module):
@@ -58,10 +71,13 @@ class TokenProcess(nn.Module):
     def make_denoiser(self, network: nn.Module):
         raise NotImplementedError
 
-    def sampling_denoiser(self, network: nn.Module, clamp: bool = False):
+    def sampling_denoiser(self, network: nn.Module, clamp: bool = False, condition=None):
+        """The denoiser samplers see; ``condition`` wraps the network's denoiser first
+        (guidance, fixed regions)."""
         if clamp:
             raise ValueError("clamp applies to gaussian (embedding) models only")
-        return self.make_denoiser(network)
+        denoiser = self.make_denoiser(network)
+        return denoiser if condition is None else condition(denoiser)
 
     def prior(
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None

@@ -28,8 +28,9 @@ from cdlm.denoiser import (
     Prediction,
     SelfConditioned,
 )
-from cdlm.processes.base import LevelMetrics, LossOutput, stratified_times
+from cdlm.processes.base import LevelMetrics, LossOutput, level_metrics
 from cdlm.schedules import CosineSchedule, Schedule
+from cdlm.time_samplers import TimeSampler, stratified_times
 
 OBJECTIVES = ("ce", "mse")
 
@@ -60,6 +61,33 @@ class NormalizedEmbedding(nn.Module):
         return self.logits(x).argmax(-1)
 
 
+class HoldFixed:
+    """Replaces the fixed positions of x_t by the correctly noised ground truth
+    alpha(t) x0 + sigma(t) noise before each call, and the prediction there by the truth
+    (replacement-based inpainting, Song et al. 2021, App. I.2; Diffusion-LM infilling)."""
+
+    def __init__(
+        self,
+        denoiser: Denoiser,
+        schedule: Schedule,
+        ids: Tensor,
+        fixed: Tensor,
+        x0: Tensor,
+        noise: Tensor,
+    ) -> None:
+        self.denoiser, self.schedule, self.fixed = denoiser, schedule, fixed[..., None]
+        self.ids, self.x0, self.noise = ids, x0, noise
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
+        alpha = self.schedule.alpha(t)[:, None, None]
+        sigma = self.schedule.sigma(t)[:, None, None]
+        held = (alpha * self.x0 + sigma * self.noise).to(x_t.dtype)
+        pred = self.denoiser(torch.where(self.fixed, held, x_t), t, self_cond)
+        x0 = torch.where(self.fixed, self.x0.to(pred.x0.dtype), pred.x0)
+        onehot = torch.full_like(pred.logits, -1e9).scatter_(-1, self.ids[..., None], 0.0)
+        return Prediction(logits=torch.where(self.fixed, onehot, pred.logits), x0=x0)
+
+
 class GaussianProcess(nn.Module):
     """Continuous-time VP diffusion over normalised token embeddings.
 
@@ -71,6 +99,8 @@ class GaussianProcess(nn.Module):
         objective: ``ce`` (CDCD) or ``mse`` (Diffusion-LM x0-MSE + rounding).
         embed_scale: multiplies the embedding norm sqrt(embed_dim).
         self_cond_prob: probability per training batch of self-conditioning.
+        time_sampler: where training draws t (``cdlm.time_samplers``; default stratified
+            uniform). Validation always draws stratified uniform t.
     """
 
     kind = "gaussian"
@@ -84,6 +114,7 @@ class GaussianProcess(nn.Module):
         objective: str = "ce",
         embed_scale: float = 1.0,
         self_cond_prob: float = 0.5,
+        time_sampler: TimeSampler | None = None,
     ) -> None:
         super().__init__()
         if objective not in OBJECTIVES:
@@ -94,6 +125,7 @@ class GaussianProcess(nn.Module):
         self.schedule = schedule if schedule is not None else CosineSchedule()
         self.objective, self.self_cond_prob = objective, self_cond_prob
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
+        self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
 
     @property
     def network_kwargs(self) -> dict:
@@ -104,11 +136,34 @@ class GaussianProcess(nn.Module):
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return EmbeddingDenoiser(network, self.embedding, predicts_logits=self.objective == "ce")
 
-    def sampling_denoiser(self, network: nn.Module, clamp: bool = False) -> Denoiser:
-        """The denoiser samplers see: self-conditioned on its previous estimate, optionally
-        clamped. Stateful, so make one per sampling run."""
-        denoiser = SelfConditioned(self.make_denoiser(network))
+    def sampling_denoiser(
+        self, network: nn.Module, clamp: bool = False, condition=None
+    ) -> Denoiser:
+        """The denoiser samplers see: ``condition`` (guidance, fixed regions) around the
+        network's denoiser, then self-conditioned on its previous estimate, optionally clamped.
+        Stateful, so make one per sampling run."""
+        denoiser = self.make_denoiser(network)
+        denoiser = SelfConditioned(denoiser if condition is None else condition(denoiser))
         return ClampToEmbeddings(denoiser, self.embedding) if clamp else denoiser
+
+    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+        """The sampler's starting state for a canvas (B, L) of ``ids``: with strength < 1
+        (editing), the editable positions' embeddings noised to t = strength; otherwise the
+        prior draw ``x``. Fixed positions are held by ``hold_fixed``."""
+        if strength >= 1.0:
+            return x
+        x0 = self.embedding(ids).to(x.dtype)
+        noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+        tt = torch.full((x.shape[0],), strength, device=x.device, dtype=x.dtype)
+        return torch.where(editable[..., None], self.corrupt(x0, tt, noise), x)
+
+    def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
+        """Holds the non-editable positions of ``ids`` (B, L) at their ground truth: the network
+        sees them noised to the current level at every step (one noise draw for the run, so an
+        ODE trajectory stays deterministic), and their x0 estimate and logits are the truth."""
+        x0 = self.embedding(ids).detach()
+        noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
+        return HoldFixed(denoiser, self.schedule, ids, ~editable, x0, noise)
 
     def corrupt(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
         """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,)."""
@@ -132,12 +187,22 @@ class GaussianProcess(nn.Module):
 
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
         """tokens: (B, L). Returns the objective averaged over positions."""
-        t = stratified_times(tokens.shape[0], tokens.device)
+        n = tokens.shape[0]
+        t = (
+            self.time_sampler(n, tokens.device)
+            if self.training
+            else stratified_times(n, tokens.device)
+        )
         x0 = self.embedding(tokens)
         x_t = self.corrupt(x0, t, torch.randn_like(x0))
         self_cond = self.training and random.random() < self.self_cond_prob
         pred = self._predict(denoiser, x_t, t, self_cond)
-        ce = F.cross_entropy(pred.logits.float().flatten(0, 1), tokens.flatten())
+        token_ce = F.cross_entropy(
+            pred.logits.float().flatten(0, 1), tokens.flatten(), reduction="none"
+        ).view_as(tokens)
+        if self.training:
+            self.time_sampler.observe(t, token_ce.mean(-1))
+        ce = token_ce.mean()
         if self.objective == "ce":
             return LossOutput(ce, {"ce": ce.detach()})
         mse = (pred.x0.float() - x0.float()).pow(2).sum(-1).mean()
@@ -148,13 +213,28 @@ class GaussianProcess(nn.Module):
 
     @torch.no_grad()
     def evaluate_at(
-        self, denoiser: Denoiser, tokens: Tensor, t: float, generator: torch.Generator | None = None
+        self,
+        denoiser: Denoiser,
+        tokens: Tensor,
+        t: float,
+        generator: torch.Generator | None = None,
+        log_prior: Tensor | None = None,
     ) -> LevelMetrics:
-        """Model CE/accuracy at a fixed noise level t, with self-conditioning if trained with it."""
+        """Model CE/accuracy at a fixed noise level t, with self-conditioning if trained with it.
+
+        With the unigram ``log_prior`` (V,) it also scores the no-context readout: the Bayes
+        posterior over tokens given only the position's own noisy embedding,
+        log p(v | x_t) = log prior_v + alpha <x_t, e_v> / sigma^2 + const (rows share one norm).
+        At low noise this readout is near perfect, so only the gap to it shows context use.
+        """
         x0 = self.embedding(tokens)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator)
         tt = torch.full((tokens.shape[0],), t, device=tokens.device)
-        pred = self._predict(denoiser, self.corrupt(x0, tt, noise), tt, self.self_cond_prob > 0)
-        logits = pred.logits.float()
-        ce = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-        return LevelMetrics(ce=ce, acc=(logits.argmax(-1) == tokens).float().mean())
+        x_t = self.corrupt(x0, tt, noise)
+        pred = self._predict(denoiser, x_t, tt, self.self_cond_prob > 0)
+        baseline = None
+        if log_prior is not None:
+            alpha, sigma = self.schedule.alpha(tt[:1]), self.schedule.sigma(tt[:1])
+            evidence = self.embedding.logits(x_t) * (alpha / sigma**2)
+            baseline = (evidence + log_prior.float()).flatten(0, 1)
+        return level_metrics(pred.logits.flatten(0, 1), tokens.flatten(), baseline)

@@ -21,18 +21,35 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.processes.base import LevelMetrics, LossOutput, TokenProcess, stratified_times
+from cdlm.processes.base import LevelMetrics, LossOutput, TokenProcess, level_metrics
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
+from cdlm.time_samplers import TimeSampler, stratified_times
 
 
 class MaskedDenoiser:
-    """SUBS: log-probabilities with -inf on [MASK], and unmasked inputs copied through."""
+    """SUBS: log-probabilities with -inf on [MASK], and unmasked inputs copied through.
 
-    def __init__(self, network: nn.Module, mask_id: int) -> None:
-        self.network, self.mask_id = network, mask_id
+    With ``shift_from`` (a BOS id) the prediction for position i is read from the network's
+    output at position i - 1 of the input [BOS, z_0, ..., z_{L-1}] (Dream, Ye et al. 2025): the
+    layout of a next-token predictor, so an AR checkpoint drops in unchanged, and a masked
+    position's left neighbour reaches its prediction through the residual stream rather than
+    only through attention (which is what keeps a masked model from scratch on the unigram
+    plateau for hundreds of steps).
+    """
 
-    def __call__(self, z: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
-        logits = full_precision(self.network(z, torch.zeros_like(t, dtype=torch.float32)))
+    def __init__(self, network: nn.Module, mask_id: int, shift_from: int | None = None) -> None:
+        self.network, self.mask_id, self.shift_from = network, mask_id, shift_from
+
+    def __call__(
+        self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
+    ) -> Prediction:
+        zeros = torch.zeros(z.shape[0], device=z.device)
+        if self.shift_from is None:
+            logits = full_precision(self.network(z, zeros, label=label))
+        else:
+            bos = torch.full_like(z[:, :1], self.shift_from)
+            out = self.network(torch.cat([bos, z], dim=1), zeros, label=label)
+            logits = full_precision(out[:, :-1])
         no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         no_mask[self.mask_id] = True
         logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
@@ -50,6 +67,11 @@ class MaskedProcess(TokenProcess):
             every sequence has ended.
         schedule: a ``cdlm.schedules.MaskSchedule`` (log-linear or cosine).
         t_min: smallest training time; the ELBO weight 1/t is unbounded at 0 (MDLM uses 1e-3).
+        shift: Dream-style shifted prediction (position i predicted from output i - 1, after a
+            BOS = ``eos_id``); needed to start from an AR checkpoint, and faster from scratch.
+        time_sampler: where training draws t (``cdlm.time_samplers``: stratified uniform, the
+            unbiased bound, by default; a mask-rate curriculum; CDCD warping). Validation always
+            uses stratified uniform t, so the logged bound is the true one.
     """
 
     kind = "masked"
@@ -63,6 +85,8 @@ class MaskedProcess(TokenProcess):
         eos_id: int | None = None,
         schedule: MaskSchedule | None = None,
         t_min: float = 1e-3,
+        time_sampler: TimeSampler | None = None,
+        shift: bool = False,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -73,15 +97,18 @@ class MaskedProcess(TokenProcess):
             )
         if not 0 <= mask_id < vocab_size:
             raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab_size}")
-        self.vocab_size, self.mask_id, self.eos_id = vocab_size, mask_id, eos_id
+        if shift and eos_id is None:
+            raise ValueError("shift=true needs eos_id (the BOS the shifted input starts with)")
+        self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
+        self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
 
     @property
     def canvas_id(self) -> int:
         return self.mask_id
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return MaskedDenoiser(network, self.mask_id)
+        return MaskedDenoiser(network, self.mask_id, self.eos_id if self.shift else None)
 
     def corrupt(
         self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
@@ -95,32 +122,70 @@ class MaskedProcess(TokenProcess):
         self, denoiser: Denoiser, tokens: Tensor, t: Tensor, z: Tensor, masked: Tensor
     ) -> Tensor:
         """The ELBO integrand for given times and masks, in nats per token, (B,)."""
+        return self._elbo_terms(denoiser, tokens, t, z, masked)[0]
+
+    def _elbo_terms(
+        self, denoiser: Denoiser, tokens: Tensor, t: Tensor, z: Tensor, masked: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(ELBO integrand (B,), mean CE per masked token (B,)), both in nats."""
         nll = F.cross_entropy(
             denoiser(z, t).logits.flatten(0, 1), tokens.flatten(), reduction="none"
         ).view_as(tokens)
         weight = -self.schedule.dkeep(t) / (1.0 - self.schedule.keep(t))
-        return weight * (nll * masked).sum(-1) / tokens.shape[1]
+        masked_nll = (nll * masked).sum(-1)
+        per_masked = masked_nll / masked.sum(-1).clamp_min(1)
+        return weight * masked_nll / tokens.shape[1], per_masked
 
     def sample_t(self, n: int, device: torch.device, generator=None) -> Tensor:
+        """Uniform stratified times in [t_min, 1): the draw of the unbiased bound."""
         return self.t_min + (1.0 - self.t_min) * stratified_times(n, device, generator)
 
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
-        """The continuous-time ELBO with stratified t: an unbiased bound on -log p in nats."""
-        t = self.sample_t(tokens.shape[0], tokens.device)
+        """The continuous-time ELBO integrand at t from the time sampler (training) or
+        stratified uniform t (evaluation: an unbiased bound on -log p in nats)."""
+        n = tokens.shape[0]
+        if self.training:
+            t = self.t_min + (1.0 - self.t_min) * self.time_sampler(n, tokens.device)
+        else:
+            t = self.sample_t(n, tokens.device)
         z, masked = self.corrupt(tokens, t)
-        nats = self.elbo(denoiser, tokens, t, z, masked).mean()
+        integrand, per_masked = self._elbo_terms(denoiser, tokens, t, z, masked)
+        if self.training:
+            self.time_sampler.observe(t, per_masked)
+        nats = integrand.mean()
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
 
     @torch.no_grad()
     def evaluate_at(
-        self, denoiser: Denoiser, tokens: Tensor, t: float, generator: torch.Generator | None = None
+        self,
+        denoiser: Denoiser,
+        tokens: Tensor,
+        t: float,
+        generator: torch.Generator | None = None,
+        log_prior: Tensor | None = None,
     ) -> LevelMetrics:
-        """CE/accuracy of the prediction on the masked positions at mask time t."""
+        """CE/accuracy of the prediction on the masked positions at mask time t; with the
+        unigram ``log_prior`` (V,) also of the no-context readout (the prior itself: a masked
+        token's own observation says nothing)."""
         tt = torch.full((tokens.shape[0],), t, device=tokens.device)
         z, masked = self.corrupt(tokens, tt, generator)
         logits = denoiser(z, tt).logits[masked]
-        target = tokens[masked]
-        if target.numel() == 0:
-            return LevelMetrics(ce=torch.zeros(()), acc=torch.ones(()))
-        ce = F.cross_entropy(logits, target)
-        return LevelMetrics(ce=ce, acc=(logits.argmax(-1) == target).float().mean())
+        baseline = None if log_prior is None else log_prior.float().expand_as(logits)
+        return level_metrics(logits, tokens[masked], baseline)
+
+    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+        """The starting canvas: the fixed tokens of ``ids`` (B, L), never masked, and the
+        editable positions masked (all of them at strength 1; with strength < 1, editing, each
+        with probability 1 - keep(strength), the rest keep their current token)."""
+        if strength >= 1.0:
+            masked = editable
+        else:
+            u = torch.rand(ids.shape, device=ids.device, generator=generator)
+            keep = self.schedule.keep(torch.tensor(strength, device=ids.device))
+            masked = editable & (u >= keep)
+        return torch.where(masked, self.mask_id, ids)
+
+    def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
+        """Nothing to do: fixed tokens are never masked, and SUBS carries unmasked tokens
+        through every step unchanged."""
+        return denoiser

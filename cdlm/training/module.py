@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from cdlm.denoiser import Denoiser
+from cdlm.guidance import WithLabel, drop_labels
 
 
 def warmup_cosine(
@@ -35,7 +36,14 @@ class DiffusionLM(L.LightningModule):
         network: maps (x_t, t, self_cond) to the process's prediction.
         optimizer: partial taking the parameters (Hydra ``_partial_: true``).
         lr_scheduler: optional partial taking the optimizer; stepped every optimizer step.
+        label_dropout: for a class-conditional network, the probability that a training
+            sequence's label is dropped (classifier-free guidance training). Validation always
+            scores the unconditional model, the one comparable with unlabelled baselines.
         eval_times: noise levels at which validation logs CE and token accuracy.
+        log_prior: (V,) unigram log-probabilities of the training data; with it, validation also
+            logs the no-context readout at each level (``val/base_ce_t*``, ``val/base_acc_t*``)
+            and the model's accuracy over it (``val/context_gain_t*``): the diagnostic that shows
+            when a model starts using context.
     """
 
     def __init__(
@@ -44,19 +52,26 @@ class DiffusionLM(L.LightningModule):
         network: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        label_dropout: float = 0.1,
         eval_times: Sequence[float] = (0.1, 0.5, 0.9),
+        log_prior: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.process, self.network = process, network
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.eval_times = tuple(eval_times)
+        self.label_dropout = label_dropout
+        self.register_buffer("log_prior", log_prior, persistent=False)
 
     @property
     def denoiser(self) -> Denoiser:
         return self.process.make_denoiser(self.network)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.process.loss(self.denoiser, batch["tokens"])
+        denoiser = self.denoiser
+        if getattr(self.network, "num_classes", 0) > 0:
+            denoiser = WithLabel(denoiser, drop_labels(batch["label"], self.label_dropout))
+        out = self.process.loss(denoiser, batch["tokens"])
         self.log("train/loss", out.loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in out.metrics.items()})
         return out.loss
@@ -71,9 +86,13 @@ class DiffusionLM(L.LightningModule):
         if not hasattr(self.process, "evaluate_at"):  # no noise levels (autoregressive)
             return
         for t in self.eval_times:
-            m = self.process.evaluate_at(self.denoiser, tokens, t, generator)
+            m = self.process.evaluate_at(self.denoiser, tokens, t, generator, self.log_prior)
             self.log(f"val/ce_t{t:g}", m.ce)
             self.log(f"val/acc_t{t:g}", m.acc)
+            if m.baseline_acc is not None:
+                self.log(f"val/base_ce_t{t:g}", m.baseline_ce)
+                self.log(f"val/base_acc_t{t:g}", m.baseline_acc)
+                self.log(f"val/context_gain_t{t:g}", m.acc / m.baseline_acc.clamp_min(1e-6))
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())

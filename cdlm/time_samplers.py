@@ -1,0 +1,133 @@
+"""Where training spends its noise levels: distributions over the training time t in [0, 1].
+
+Every process's loss is an expectation over t, and on a short budget the draw of t decides what
+the network learns first. Low noise is easy for embedding diffusion (a token's own noisy
+embedding gives it away) and high mask rates teach a masked model little beyond unigram
+frequencies, so the levers here move training towards the levels where context matters.
+Validation always uses the uniform stratified draw, so the reported bound does not depend on the
+sampler chosen for training.
+
+A time sampler is a small ``nn.Module`` (its state is in buffers, so it is saved with the model
+and resumes with it): ``sampler(n, device) -> (n,)`` draws times in training; ``observe(t, loss)``
+lets learned samplers see the per-sequence losses of those times.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def stratified_times(
+    n: int, device: torch.device, generator: torch.Generator | None = None
+) -> Tensor:
+    """n times in [0, 1), one in each of n equal strata with a shared random offset
+    (antithetic/stratified sampling, Kingma et al. 2021): same mean, lower variance than U(0,1)."""
+    u = torch.rand((), device=device, generator=generator)
+    return (u + torch.arange(n, device=device) / n) % 1.0
+
+
+class TimeSampler(nn.Module):
+    """Base class: uniform stratified times, the unbiased low-variance default."""
+
+    def forward(self, n: int, device: torch.device) -> Tensor:
+        return stratified_times(n, device)
+
+    def observe(self, t: Tensor, loss: Tensor) -> None:
+        """Per-sequence training losses (n,) at times t (n,); learned samplers use them."""
+
+
+class Stratified(TimeSampler):
+    """Uniform stratified times (Kingma et al. 2021, "VDM", App. I.1): one draw per stratum."""
+
+
+class Curriculum(TimeSampler):
+    """A curriculum on the noise level: t ~ U(0, hi) with hi rising linearly from ``start`` to 1
+    over the first ``ramp_steps`` training batches (stratified within the range).
+
+    For masked diffusion t is the mask rate, so training starts BERT-like (``start`` = 0.15: at
+    most 15% masked, Devlin et al. 2019), where every masked token has most of its context, and
+    ends on the full MDLM objective. A masked model trained on t ~ U(0, 1) from scratch sits on the
+    unigram plateau for hundreds of steps; a low mask rate gets it using context in ~150 (see
+    docs/budget.md).
+    """
+
+    def __init__(self, start: float = 0.15, ramp_steps: int = 200) -> None:
+        super().__init__()
+        if not 0.0 < start <= 1.0:
+            raise ValueError(f"curriculum start must be in (0, 1], got {start}")
+        if ramp_steps < 0:
+            raise ValueError(f"ramp_steps must be >= 0, got {ramp_steps}")
+        self.start, self.ramp_steps = start, ramp_steps
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def high(self) -> float:
+        """The current upper end of the range."""
+        if self.ramp_steps == 0:
+            return 1.0
+        progress = min(1.0, self.step.item() / self.ramp_steps)
+        return self.start + (1.0 - self.start) * progress
+
+    def forward(self, n: int, device: torch.device) -> Tensor:
+        hi = self.high()
+        self.step += 1
+        return hi * stratified_times(n, device)
+
+
+class Warped(TimeSampler):
+    """CDCD time warping (Dieleman et al. 2022, Sec. 4.1 "time warping"): learn the training
+    loss as a monotone function F(t) and draw t = F^{-1}(u), so that training times are spread
+    uniformly in loss ("entropy") rather than in t. It concentrates training where the loss
+    changes fastest, i.e. between "the own embedding gives the token away" and "pure noise".
+
+    F is piecewise linear over ``bins`` equal bins of t: an exponential moving average of the
+    per-bin loss, made monotone by a running maximum. A ``uniform`` share of the draws stays
+    uniform so that no level is ever abandoned and its loss estimate stays current.
+    """
+
+    def __init__(self, bins: int = 50, momentum: float = 0.05, uniform: float = 0.1) -> None:
+        super().__init__()
+        if bins < 2:
+            raise ValueError(f"bins must be >= 2, got {bins}")
+        if not 0.0 < momentum <= 1.0:
+            raise ValueError(f"momentum must be in (0, 1], got {momentum}")
+        if not 0.0 <= uniform <= 1.0:
+            raise ValueError(f"uniform must be in [0, 1], got {uniform}")
+        self.bins, self.momentum, self.uniform = bins, momentum, uniform
+        self.register_buffer("loss", torch.zeros(bins))
+        self.register_buffer("seen", torch.zeros(bins, dtype=torch.bool))
+
+    def density(self) -> Tensor:
+        """(bins,) probability of each bin: the increments of the monotone loss fit, mixed with
+        uniform. Uniform until every bin has been seen."""
+        flat = torch.full((self.bins,), 1.0 / self.bins, device=self.loss.device)
+        if not bool(self.seen.all()):
+            return flat
+        fit = torch.cummax(self.loss, dim=0).values
+        steps = torch.diff(fit, prepend=fit[:1] * 0 + fit[0])
+        steps[0] = 0.0
+        total = steps.sum()
+        if total <= 0:
+            return flat
+        return self.uniform * flat + (1.0 - self.uniform) * steps / total
+
+    def forward(self, n: int, device: torch.device) -> Tensor:
+        cdf = torch.cumsum(self.density(), 0).to(device)
+        u = stratified_times(n, device)
+        k = torch.searchsorted(cdf, u.clamp_max(cdf[-1] - 1e-7), right=True).clamp_max(
+            self.bins - 1
+        )
+        lo = torch.where(k > 0, cdf[(k - 1).clamp_min(0)], torch.zeros_like(u))
+        within = (u - lo) / (cdf[k] - lo).clamp_min(1e-12)
+        return (k + within.clamp(0.0, 1.0)) / self.bins
+
+    @torch.no_grad()
+    def observe(self, t: Tensor, loss: Tensor) -> None:
+        k = (t.detach().float() * self.bins).long().clamp(0, self.bins - 1)
+        total = torch.zeros(self.bins, device=k.device).index_add_(0, k, loss.detach().float())
+        count = torch.zeros(self.bins, device=k.device).index_add_(0, k, torch.ones_like(total[k]))
+        hit = count > 0
+        mean = total[hit] / count[hit]
+        old = self.loss[hit]
+        self.loss[hit] = torch.where(self.seen[hit], old + self.momentum * (mean - old), mean)
+        self.seen |= hit

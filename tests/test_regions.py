@@ -1,0 +1,214 @@
+"""Templates with fixed and editable regions: parsing, the canvas, and assembling the output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cdlm.data.corpus import load_documents
+from cdlm.data.tokenizer import corpus_bpe
+from cdlm.regions import (
+    Segment,
+    assemble,
+    build_canvas,
+    parse_template,
+    prompt_template,
+)
+
+FILL = 0  # any id will do as the blank filler; tests check it is where blanks are
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_corpus):
+    """The project's byte-level corpus BPE (cached under the session's $CDLM_CACHE)."""
+    return corpus_bpe(load_documents(str(tiny_corpus)), vocab_size=300)
+
+
+def ids_of(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def test_parse_mix_of_fixed_blank_and_editable_with_offsets():
+    t = "Dear [[3]], I [[was glad]] to hear[[12]]"
+    segs = parse_template(t)
+    assert segs == [
+        Segment("Dear ", False, None, 0, 5),
+        Segment("", True, 3, 5, 10),
+        Segment(", I ", False, None, 10, 14),
+        Segment("was glad", True, None, 14, 26),
+        Segment(" to hear", False, None, 26, 34),
+        Segment("", True, 12, 34, 40),
+    ]
+    for s in segs:  # every span points at what the user wrote
+        if not s.editable:
+            assert t[s.start : s.end] == s.text
+        elif s.blank_tokens is None:
+            assert t[s.start : s.end] == f"[[{s.text}]]"
+        else:
+            assert t[s.start : s.end] == f"[[{s.blank_tokens}]]"
+
+
+def test_parse_plain_text_single_brackets_and_edge_positions():
+    assert parse_template("") == []
+    assert parse_template("a [b] c] [") == [Segment("a [b] c] [", False, None, 0, 10)]
+    assert parse_template("[[x]]") == [Segment("x", True, None, 0, 5)]
+    # numbers that are not a bare positive integer are editable text, not blanks
+    assert parse_template("[[ 5 ]][[-2]]") == [
+        Segment(" 5 ", True, None, 0, 7),
+        Segment("-2", True, None, 7, 13),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("template", "words", "offset"),
+    [
+        ("abc [[def", "never closed", 4),
+        ("abc ]] def", "stray ']]'", 4),
+        ("a [[b]] c]] d", "stray ']]'", 9),
+        ("a [[b [[c]] d]]", "nested", 6),
+        ("a [[]] b", "empty", 2),
+        ("a [[0]] b", "zero tokens", 2),
+        ("a [[000]] b", "zero tokens", 2),
+    ],
+)
+def test_parse_errors_name_the_problem_and_offset(template, words, offset):
+    with pytest.raises(ValueError, match="character") as err:
+        parse_template(template)
+    message = str(err.value)
+    assert words in message and f"character {offset}" in message and "\n" not in message
+
+
+def test_prompt_template_is_one_literal_fixed_prefix():
+    assert prompt_template("Once [[upon]]") == [Segment("Once [[upon]]", False, None, 0, 13)]
+
+
+# --- canvas --------------------------------------------------------------------------------
+
+
+def test_canvas_lengths_flags_and_spans(tok):
+    t = "She said [[4]] and [[smiled warmly]] at him."
+    canvas = build_canvas(parse_template(t), tok, seq_len=64, fill_id=FILL)
+    assert len(canvas.ids) == len(canvas.editable) == 64
+    assert len(canvas.spans) == len(canvas.segments)
+    # spans tile the canvas in order
+    assert canvas.spans[0][0] == 0 and canvas.spans[-1][1] == 64
+    assert all(b == c for (_, b), (c, _) in zip(canvas.spans, canvas.spans[1:], strict=False))
+    for seg, (a, b) in zip(canvas.segments, canvas.spans, strict=True):
+        assert canvas.editable[a:b] == [seg.editable] * (b - a)
+        if seg.blank_tokens is not None:
+            assert b - a == seg.blank_tokens and canvas.ids[a:b] == [FILL] * (b - a)
+        else:  # fixed text and editable spans start from their own tokens
+            assert canvas.ids[a:b] == ids_of(tok, seg.text)
+    assert canvas.segments[1].blank_tokens == 4
+
+
+def test_canvas_tail_is_an_editable_blank_at_the_template_end(tok):
+    t = "It is a truth [[universally]] acknowledged"
+    n = sum(len(ids_of(tok, s)) for s in ("It is a truth ", "universally", " acknowledged"))
+    canvas = build_canvas(parse_template(t), tok, seq_len=n + 7, fill_id=FILL)
+    assert canvas.segments[-1] == Segment("", True, 7, len(t), len(t))
+    assert canvas.spans[-1] == (n, n + 7)
+    assert canvas.ids[n:] == [FILL] * 7 and all(canvas.editable[n:])
+    # exactly full: no tail
+    full = build_canvas(parse_template(t), tok, seq_len=n, fill_id=FILL)
+    assert len(full.segments) == 3 and len(full.ids) == n
+
+
+def test_prompt_canvas_and_empty_prompt(tok):
+    canvas = build_canvas(prompt_template("Emma Woodhouse"), tok, seq_len=20, fill_id=FILL)
+    k = len(ids_of(tok, "Emma Woodhouse"))
+    assert canvas.editable == [False] * k + [True] * (20 - k)
+    assert [s.editable for s in canvas.segments] == [False, True]
+    # an empty prompt tokenises to nothing: it is dropped, the whole canvas is the tail
+    empty = build_canvas(prompt_template(""), tok, seq_len=5, fill_id=FILL)
+    assert empty.segments == [Segment("", True, 5, 0, 0)] and empty.spans == [(0, 5)]
+
+
+def test_template_longer_than_canvas_names_both_numbers(tok):
+    t = "Some fixed words and [[30]]"
+    n = len(ids_of(tok, "Some fixed words and ")) + 30
+    with pytest.raises(ValueError, match=rf"take {n} tokens.*canvas of 16 \(seq_len\)"):
+        build_canvas(parse_template(t), tok, seq_len=16, fill_id=FILL)
+
+
+# --- assemble ------------------------------------------------------------------------------
+
+
+def test_round_trip_keeps_fixed_text_byte_identical(tok):
+    t = "  naïve — café [[3]]\tdéjà vu, “quoted” [[über]]  \n"
+    canvas = build_canvas(parse_template(t), tok, seq_len=80, fill_id=tok.eos_token_id)
+    text, regions = assemble(canvas, canvas.ids, tok)
+    fixed = [r for r in regions if r.kind == "fixed"]
+    assert [r.text for r in fixed] == ["  naïve — café ", "\tdéjà vu, “quoted” ", "  \n"]
+    for r in fixed:
+        assert r.text.encode() == t[r.input[0] : r.input[1]].encode()
+    # byte-level BPE round-trips: fixed tokens decode to the fixed text, and the editable span
+    # decodes to its starting text
+    for seg, (a, b) in zip(canvas.segments, canvas.spans, strict=True):
+        if not seg.editable:
+            assert tok.decode(canvas.ids[a:b], clean_up_tokenization_spaces=False) == seg.text
+    at = t.index("[[über]]")
+    assert [r.text for r in regions if r.input == (at, at + 8)] == ["über"]
+    # blanks and the tail hold EOS, written as line breaks
+    assert regions[1].text == "\n\n\n" and regions[-1].kind == "generated"
+    assert text == "".join(r.text for r in regions)
+
+
+def test_output_spans_slice_the_output_text(tok):
+    t = "Mr. [[2]] called [[on Tuesday]]."
+    canvas = build_canvas(parse_template(t), tok, seq_len=30, fill_id=FILL)
+    sampled = list(canvas.ids)
+    a, b = canvas.spans[1]
+    word = ids_of(tok, " Knightley")[: b - a]  # the sampler wrote the blank's 2 tokens
+    sampled[a:b] = word
+    text, regions = assemble(canvas, sampled, tok)
+    assert regions[1].text == tok.decode(word) and text.startswith("Mr. " + regions[1].text)
+    pos = 0
+    for r, (ta, tb) in zip(regions, canvas.spans, strict=True):
+        assert r.output == (pos, pos + len(r.text)) and text[r.output[0] : r.output[1]] == r.text
+        assert r.tokens == (ta, tb)
+        pos = r.output[1]
+    assert pos == len(text)
+    assert json.loads(json.dumps([r.as_dict() for r in regions]))[0] == {
+        "kind": "fixed",
+        "input": [0, 4],
+        "output": [0, 4],
+        "tokens": list(canvas.spans[0]),
+        "text": "Mr. ",
+    }
+
+
+def test_assemble_refuses_ids_that_changed_a_fixed_region(tok):
+    t = "Fixed start [[2]] fixed end"
+    canvas = build_canvas(parse_template(t), tok, seq_len=20, fill_id=FILL)
+    a, b = canvas.spans[2]
+    broken = list(canvas.ids)
+    broken[a] = canvas.ids[a] + 1
+    with pytest.raises(ValueError, match=rf"fixed region at characters 17-27.*token {a}"):
+        assemble(canvas, broken, tok)
+    with pytest.raises(ValueError, match="19 sampled ids for a canvas of 20"):
+        assemble(canvas, canvas.ids[:-1], tok)
+
+
+class NoSpaceTokenizer:
+    """A tokenizer that normalises whitespace away (as WordPiece does): one id per other char."""
+
+    eos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text if not c.isspace()]}
+
+    def decode(self, ids, **kwargs):
+        return "".join(map(chr, ids))
+
+
+def test_fixed_text_with_no_tokens_still_comes_back():
+    t = "ab[[2]] [[cd]]"  # the fixed " " between the regions tokenises to nothing
+    canvas = build_canvas(parse_template(t), NoSpaceTokenizer(), seq_len=6, fill_id=ord("x"))
+    assert canvas.spans == [(0, 2), (2, 4), (4, 4), (4, 6)]
+    text, regions = assemble(canvas, canvas.ids, NoSpaceTokenizer())
+    assert text == "abxx cd" and regions[2].text == " " and regions[2].tokens == (4, 4)
