@@ -94,3 +94,21 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Mod
             raise CheckpointError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
+
+
+def load_network_weights(network: nn.Module, path: str | Path) -> None:
+    """Initialises ``network`` from the network weights of a cdlm checkpoint (e.g. a masked
+    model from an AR one, DiffuLLaMA / Dream adaptation); the shapes must match."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"init_from checkpoint not found: {path}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    part = {k[len("network.") :]: v for k, v in state.items() if k.startswith("network.")}
+    try:
+        network.load_state_dict(part)
+    except RuntimeError as e:
+        message = " ".join(str(e).split())
+        raise CheckpointError(f"init_from {path}: its network does not fit this one: {message}")

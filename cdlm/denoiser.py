@@ -40,10 +40,24 @@ class EmbeddingDenoiser:
     embedding softmax(logits) @ E; otherwise (Diffusion-LM) it outputs x0 and the logits are the
     nearest-embedding readout of that x0. A plain callable, not a module: it owns no parameters,
     so wrapping never registers the network's weights twice.
+
+    With ``readout_skip`` (a schedule; logits only) the network's logits are added to the
+    no-context Bayes readout of x_t, alpha(t) / sigma(t)^2 <x_t, e_v>: the exact log-likelihood
+    of each token given only its own noisy embedding (rows share one norm). Like the skip
+    connection of EDM's preconditioning (Karras et al. 2022, Sec. 5), it gives the network the
+    part of the answer that needs no context for free, so that training signal goes to context
+    from the first step instead of to re-learning the embedding readout.
     """
 
-    def __init__(self, network: nn.Module, embedding: nn.Module, predicts_logits: bool) -> None:
+    def __init__(
+        self,
+        network: nn.Module,
+        embedding: nn.Module,
+        predicts_logits: bool,
+        readout_skip: nn.Module | None = None,
+    ) -> None:
         self.network, self.embedding, self.predicts_logits = network, embedding, predicts_logits
+        self.readout_skip = readout_skip
 
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
@@ -51,6 +65,10 @@ class EmbeddingDenoiser:
         out = self.network(x_t, t, self_cond, label=label)
         if self.predicts_logits:
             logits = out.float()
+            if self.readout_skip is not None:
+                tt = t.float()
+                gain = self.readout_skip.alpha(tt) / self.readout_skip.sigma(tt) ** 2
+                logits = logits + gain[:, None, None] * self.embedding.logits(x_t)
             x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
             return Prediction(x0=x0.to(x_t.dtype), logits=logits)
         x0 = out.to(x_t.dtype)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.cli.common import UsageError, require, run
-from cdlm.generate import ROUNDINGS, generate
+from cdlm.generate import ROUNDINGS, default_sampler, generate
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_write_text
 from cdlm.regions import Canvas, assemble, build_canvas, parse_template, prompt_template
@@ -105,7 +105,7 @@ def output_path(out: str | None) -> Path | None:
 
 def sample(cfg: DictConfig) -> None:
     model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
-    sampler = instantiate(cfg.sampler)
+    sampler = instantiate(cfg.sampler) if cfg.get("sampler") else default_sampler(model.process)
     seq_len = cfg.seq_len or model.config["seq_len"]
     label = label_index(model, cfg.label)
     canvas, strength = read_canvas(cfg, model, seq_len)

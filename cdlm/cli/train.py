@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from cdlm.checkpoint import load_network_weights
 from cdlm.cli.common import default_wandb_mode, require, run
 from cdlm.generate import default_sampler
 from cdlm.training.callbacks import ExportModel, LogSamples
@@ -62,6 +63,8 @@ def train(cfg: DictConfig) -> None:
         "num_classes": len(data.labels) if cfg.condition.labels else 0,
     }
     network = instantiate(cfg.network, **network_kwargs)
+    if cfg.init_from:
+        load_network_weights(network, cfg.init_from)
     module = DiffusionLM(
         process,
         network,

@@ -69,7 +69,13 @@ class Block(nn.Module):
         nn.init.zeros_(self.ada.bias)
 
     def forward(
-        self, h: Tensor, c: Tensor, rotary: Rotary, causal: bool, cache: LayerCache | None = None
+        self,
+        h: Tensor,
+        c: Tensor,
+        rotary: Rotary,
+        causal: bool,
+        cache: LayerCache | None = None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, dim=-1)
         b, length, d = h.shape
@@ -83,7 +89,9 @@ class Block(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         # A cached decode step has one query that may see every key: no mask needed.
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=causal and offset == 0)
+        attn = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal and offset == 0 and mask is None
+        )
         attn = attn.transpose(1, 2).reshape(b, length, d)
         h = h + gate1[:, None] * self.dropout(self.proj(attn))
         return h + gate2[:, None] * self.dropout(self.mlp(modulate(self.norm2(h), shift2, scale2)))
@@ -148,6 +156,9 @@ class Transformer(nn.Module):
             raise ValueError("self_condition needs vector input (in_dim), not token input")
         self.in_dim, self.out_dim, self.d_model = in_dim, out_dim, d_model
         self.self_condition, self.causal = self_condition, causal
+        # Share of future keys a bidirectional network may attend to in training: below 1 while
+        # an AR initialisation is annealed from causal to full attention (AttentionAnneal).
+        self.future_visibility = 1.0
         self.in_proj = (
             nn.Embedding(in_vocab, d_model)
             if in_vocab is not None
@@ -171,6 +182,14 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.ada_out.bias)
         self.out_proj = nn.Linear(d_model, out_dim)
 
+    def _annealed_mask(self, length: int, device: torch.device) -> Tensor | None:
+        """Causal plus a random ``future_visibility`` share of future keys (DiffuLLaMA's
+        attention-mask annealing, Gong et al. 2025), in training only; None means full."""
+        if self.causal or not self.training or self.future_visibility >= 1.0:
+            return None
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        return causal | (torch.rand(length, length, device=device) < self.future_visibility)
+
     def new_cache(self) -> list[LayerCache]:
         """An empty KV cache for incremental decoding (causal networks only)."""
         if not self.causal:
@@ -189,6 +208,12 @@ class Transformer(nn.Module):
         self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
         a first call it takes one new position per call); label: (B,) class ids, -1 (or None)
         for none."""
+        end = x.shape[1] + (cache[0].length if cache else 0)
+        if end > self.rotary.cos.shape[0]:
+            raise ValueError(
+                f"a sequence of {end} positions is longer than this network's max_seq_len of "
+                f"{self.rotary.cos.shape[0]} (set at training from data.seq_len)"
+            )
         if cache is not None and cache[0].length and x.shape[1] != 1:
             raise ValueError("after the first cached call, feed one new position per call")
         if self.self_condition:
@@ -201,7 +226,8 @@ class Transformer(nn.Module):
             c = c + self.label_embed(torch.where(label < 0, self.num_classes, label)).to(c.dtype)
         elif label is not None and bool((label >= 0).any()):
             raise ValueError("this network was trained without labels (num_classes=0)")
+        mask = self._annealed_mask(x.shape[1], x.device)
         for i, block in enumerate(self.blocks):
-            h = block(h, c, self.rotary, self.causal, None if cache is None else cache[i])
+            h = block(h, c, self.rotary, self.causal, None if cache is None else cache[i], mask)
         shift, scale = self.ada_out(c).chunk(2, dim=-1)
         return self.out_proj(modulate(self.norm_out(h), shift, scale))

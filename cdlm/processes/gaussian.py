@@ -101,6 +101,8 @@ class GaussianProcess(nn.Module):
         self_cond_prob: probability per training batch of self-conditioning.
         time_sampler: where training draws t (``cdlm.time_samplers``; default stratified
             uniform). Validation always draws stratified uniform t.
+        readout_skip: add the no-context Bayes readout of x_t to the network's logits
+            (``ce`` objective only; see ``EmbeddingDenoiser``).
     """
 
     kind = "gaussian"
@@ -115,8 +117,11 @@ class GaussianProcess(nn.Module):
         embed_scale: float = 1.0,
         self_cond_prob: float = 0.5,
         time_sampler: TimeSampler | None = None,
+        readout_skip: bool = False,
     ) -> None:
         super().__init__()
+        if readout_skip and objective != "ce":
+            raise ValueError("readout_skip needs objective=ce (it adds to the network's logits)")
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
         if not 0.0 <= self_cond_prob <= 1.0:
@@ -126,6 +131,7 @@ class GaussianProcess(nn.Module):
         self.objective, self.self_cond_prob = objective, self_cond_prob
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
+        self.readout_skip = readout_skip
 
     @property
     def network_kwargs(self) -> dict:
@@ -134,7 +140,8 @@ class GaussianProcess(nn.Module):
         return {"in_dim": self.embed_dim, "out_dim": out_dim}
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return EmbeddingDenoiser(network, self.embedding, predicts_logits=self.objective == "ce")
+        skip = self.schedule if self.readout_skip else None
+        return EmbeddingDenoiser(network, self.embedding, self.objective == "ce", skip)
 
     def sampling_denoiser(
         self, network: nn.Module, clamp: bool = False, condition=None

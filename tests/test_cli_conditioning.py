@@ -1,0 +1,129 @@
+"""``cdlm-sample`` with labels, guidance scales, prompts, infilling and editing, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+FAST = ["steps=2", "num_samples=2", "progress=false"]
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def one_line_error(result, *needles):
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
+
+
+@pytest.mark.parametrize(
+    "ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint", "tiny_ar_checkpoint"]
+)
+def test_a_list_of_scales_gives_one_record_per_sample_and_scale(ckpt, request, tmp_path):
+    path = request.getfixturevalue(ckpt)
+    out = tmp_path / "s.jsonl"
+    result = run_cli(
+        "cdlm-sample",
+        f"ckpt={path}",
+        "label=emma",
+        "guidance.scale=[0,1,2.5]",
+        *FAST,
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = records(out)
+    assert [(r["scale"], r["label"]) for r in rows] == [
+        (w, "emma") for w in (0.0, 0.0, 1.0, 1.0, 2.5, 2.5)
+    ]
+    nfe = {r["scale"]: r["nfe"] for r in rows}
+    assert nfe[2.5] == 2 * nfe[1.0]  # guidance costs two network passes per step
+
+
+def test_multirun_sweep_writes_one_output_per_scale(tiny_masked_checkpoint, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "cdlm-sample",
+        "-m",
+        f"ckpt={tiny_masked_checkpoint}",
+        "label=persuasion",
+        "guidance.scale=0,1,2,4",
+        *FAST,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    files = sorted(sweep.glob("*/samples.jsonl"))
+    assert len(files) == 4
+    assert sorted(records(f)[0]["scale"] for f in files) == [0.0, 1.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint"])
+def test_infill_keeps_fixed_text_and_maps_regions(ckpt, request, tmp_path):
+    path = request.getfixturevalue(ckpt)
+    out = tmp_path / "s.jsonl"
+    template = "Emma [[2]], [[ok]]\tné."  # the tiny BPE is near character level; seq_len 16
+    result = run_cli(
+        "cdlm-sample",
+        f"ckpt={path}",
+        f'infill="{template}"',
+        *FAST,
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for r in records(out):
+        fixed = [g for g in r["regions"] if g["kind"] == "fixed"]
+        assert [g["text"] for g in fixed] == ["Emma ", ", ", "\tné."]
+        for g in r["regions"]:
+            a, b = g["output"]
+            assert r["text"][a:b] == g["text"]
+            if g["kind"] == "fixed":
+                assert template[g["input"][0] : g["input"][1]] == g["text"]
+
+
+def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
+    source = tmp_path / "letter.txt"
+    source.write_text("Anne, [[fine]] and well.\n", encoding="utf-8")
+    out = tmp_path / "s.jsonl"
+    result = run_cli(
+        "cdlm-sample",
+        f"ckpt={tiny_masked_checkpoint}",
+        f"edit={source}",
+        "edit_strength=0.5",
+        *FAST,
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for r in records(out):
+        assert r["text"].startswith("Anne, ")
+        fixed = [g["text"] for g in r["regions"] if g["kind"] == "fixed"]
+        assert fixed == ["Anne, ", " and well.\n"]
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["prompt=" + "the morning was fine " * 20], ["longer than the canvas", "16"]),
+        (['infill="Mr [[4]] ' + "and then " * 20 + '"'], ["longer than the canvas"]),
+        (["label=ulysses"], ["unknown label 'ulysses'", "emma, persuasion"]),
+        (["label=emma", "guidance.scale=-1"], ["guidance.scale must be >= 0"]),
+        (["label=emma", "guidance.scale=[1,-0.5]"], ["guidance.scale must be >= 0"]),
+        (['infill="oops [[3 and more"'], ["never closed"]),
+        (["prompt=a", "infill='b [[2]]'"], ["at most one of prompt=, infill=, edit="]),
+        (["edit=/no/such/file.txt"], ["edit file not found"]),
+    ],
+)
+def test_input_errors_are_one_line(tiny_masked_checkpoint, tmp_path, args, needles):
+    out = tmp_path / "s.jsonl"
+    result = run_cli(
+        "cdlm-sample", f"ckpt={tiny_masked_checkpoint}", *args, *FAST, f"out={out}", cwd=tmp_path
+    )
+    one_line_error(result, *needles)
+    assert not out.exists()
