@@ -111,4 +111,6 @@ def load_network_weights(network: nn.Module, path: str | Path) -> None:
         network.load_state_dict(part)
     except RuntimeError as e:
         message = " ".join(str(e).split())
-        raise CheckpointError(f"init_from {path}: its network does not fit this one: {message}")
+        raise CheckpointError(
+            f"init_from {path}: its network does not fit this one: {message}"
+        ) from None
