@@ -1,0 +1,136 @@
+"""Training-time levers: time samplers, the no-context diagnostic, the readout skip, shifted
+masked prediction and AR initialisation with attention annealing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cdlm.networks.transformer import Transformer
+from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
+from cdlm.processes.masked import MaskedDenoiser
+from cdlm.time_samplers import Curriculum, Stratified, Warped
+
+CPU = torch.device("cpu")
+
+
+def test_stratified_draws_one_time_per_stratum():
+    torch.manual_seed(0)
+    t = Stratified()(8, CPU)
+    assert sorted((t * 8).floor().long().tolist()) == list(range(8))
+
+
+def test_curriculum_widens_the_range_to_one_over_the_ramp():
+    torch.manual_seed(0)
+    c = Curriculum(start=0.15, ramp_steps=10)
+    assert c(256, CPU).max() <= 0.15
+    for _ in range(9):
+        c(4, CPU)
+    assert c.high() == 1.0 and c(256, CPU).max() > 0.9
+    assert int(c.state_dict()["step"]) == 11  # resumes with the model
+
+
+def test_warped_concentrates_where_the_loss_rises():
+    torch.manual_seed(0)
+    w = Warped(bins=10, momentum=1.0, uniform=0.1)
+    assert torch.allclose(w.density(), torch.full((10,), 0.1))  # nothing seen yet
+    t = (torch.arange(10) + 0.5) / 10
+    loss = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 5.0, 5.0, 4.0, 5.0, 5.0])  # rises in bins 4-5
+    w.observe(t, loss)
+    d = w.density()
+    assert d.sum().item() == pytest.approx(1.0)
+    # Increments of the running max: 1 at bin 4, 4 at bin 5, none elsewhere (the dip at 7 too).
+    expected = 0.1 * 0.1 + 0.9 * torch.tensor([0, 0, 0, 0, 0.2, 0.8, 0, 0, 0, 0])
+    torch.testing.assert_close(d, expected.float())
+    draws = w(20_000, CPU)
+    share = ((draws >= 0.4) & (draws < 0.6)).float().mean().item()
+    assert share == pytest.approx(0.9 + 0.1 * 0.2, abs=0.01)
+    assert draws.min() >= 0 and draws.max() <= 1
+
+
+def test_validation_bound_ignores_the_training_time_sampler():
+    """In eval mode the masked loss is the stratified-uniform ELBO whatever the curriculum."""
+    torch.manual_seed(0)
+    proc = MaskedProcess(10, mask_id=9, time_sampler=Curriculum(start=0.05, ramp_steps=10**6))
+    seen = []
+
+    def denoiser(z, t):
+        seen.append(t.clone())
+        return MaskedDenoiser(lambda x, tt, label=None: torch.zeros(*x.shape, 10), 9)(z, t)
+
+    tokens = torch.randint(0, 9, (64, 12))
+    proc.train().loss(denoiser, tokens)
+    assert seen[-1].max() <= 0.05 + 1e-3
+    proc.eval().loss(denoiser, tokens)
+    assert seen[-1].max() > 0.9
+
+
+def test_masked_no_context_baseline_is_the_unigram_prior():
+    proc = MaskedProcess(5, mask_id=4).eval()
+    tokens = torch.tensor([[0, 1, 1, 2, 3, 3, 3, 0]])
+    log_prior = torch.tensor([0.1, 0.2, 0.3, 0.3, 0.1]).log()
+
+    def uniform(z, t):
+        return MaskedDenoiser(lambda x, tt, label=None: torch.zeros(*x.shape, 5), 4)(z, t)
+
+    m = proc.evaluate_at(uniform, tokens, 0.999, torch.Generator().manual_seed(0), log_prior)
+    masked = tokens[0]  # at t ~ 1 every position is masked
+    expected = -(torch.tensor([0.1, 0.2, 0.3, 0.3]).log()[masked]).mean()
+    assert m.baseline_ce.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert m.ce.item() == pytest.approx(math.log(4), rel=1e-5)  # uniform over the 4 real tokens
+
+
+def test_readout_skip_makes_a_zero_network_the_no_context_readout():
+    torch.manual_seed(0)
+    proc = GaussianProcess(50, embed_dim=8, readout_skip=True, self_cond_prob=0.0).eval()
+    net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
+    torch.nn.init.zeros_(net.out_proj.weight)
+    torch.nn.init.zeros_(net.out_proj.bias)
+    tokens = torch.randint(0, 50, (4, 16))
+    uniform = torch.full((50,), -math.log(50))
+    for t in (0.3, 0.6, 0.9):
+        m = proc.evaluate_at(proc.make_denoiser(net), tokens, t, torch.Generator(), uniform)
+        assert m.ce.item() == pytest.approx(m.baseline_ce.item(), rel=1e-4)
+        assert m.acc.item() == pytest.approx(m.baseline_acc.item())
+    assert (
+        m.baseline_acc
+        < 0.5
+        < proc.evaluate_at(proc.make_denoiser(net), tokens, 0.1, torch.Generator(), uniform).acc
+    )  # low noise: the own embedding gives the token away
+
+
+def test_shifted_masked_prediction_reads_the_previous_output():
+    calls = []
+
+    def network(x, t, label=None):
+        calls.append(x.clone())
+        return torch.nn.functional.one_hot(x, 6).float() * 10  # echoes its input
+
+    z = torch.tensor([[2, 5, 3]])  # 5 = [MASK]
+    logp = MaskedDenoiser(network, mask_id=5, shift_from=0)(z, torch.zeros(1)).logits
+    assert calls[0].tolist() == [[0, 2, 5, 3]]
+    assert logp[0, 1].argmax().item() == 2  # position 1 predicted from the output at 0 (token 2)
+
+
+def test_ar_checkpoint_in_a_shifted_masked_model_starts_as_the_ar_model():
+    """With future visibility 0 the bidirectional network is exactly causal, so a masked model
+    initialised from an AR network reproduces its next-token logits on clean input."""
+    torch.manual_seed(0)
+    ar = AutoregressiveProcess(12, bos_id=1)
+    masked = MaskedProcess(12, mask_id=11, eos_id=1, shift=True)
+    ar_net = Transformer(**ar.network_kwargs, d_model=16, n_layers=2, n_heads=2, max_seq_len=9)
+    for p in ar_net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    net = Transformer(**masked.network_kwargs, d_model=16, n_layers=2, n_heads=2, max_seq_len=9)
+    net.load_state_dict(ar_net.state_dict())
+    tokens = torch.randint(0, 11, (3, 8))
+    expected = ar.make_denoiser(ar_net)(ar.make_denoiser(ar_net).shift(tokens)).logits
+    net.train()
+    net.future_visibility = 0.0
+    bos = torch.full((3, 1), 1)
+    got = net(torch.cat([bos, tokens], 1), torch.zeros(3))[:, :-1]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    net.future_visibility = 1.0  # and full attention sees the future
+    assert not torch.allclose(net(torch.cat([bos, tokens], 1), torch.zeros(3))[:, :-1], expected)
