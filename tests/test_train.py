@@ -1,6 +1,7 @@
 """Training in process: a Lightning fast_dev_run, and the EMA model is what gets exported."""
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
@@ -9,7 +10,7 @@ from cdlm.data import TextDataModule
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.training.callbacks import ExportModel
-from cdlm.training.module import DiffusionLM, warmup_cosine
+from cdlm.training.module import DiffusionLM, wallclock_cosine, warmup_cosine
 
 
 def build(tiny_corpus):
@@ -93,6 +94,35 @@ def test_warmup_cosine_shape():
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert abs(lrs[9] - 0.55) < 1e-9  # halfway through the decay
     assert abs(lrs[14] - 0.1) < 1e-9 and abs(lrs[15] - 0.1) < 1e-9
+
+
+def test_warmup_given_as_a_fraction_of_the_step_budget():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_cosine(opt, warmup_steps=0.25, total_steps=16)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:5] == [0.25, 0.5, 0.75, 1.0, 1.0] and lrs[5] < 1.0
+
+
+def test_wallclock_schedule_follows_the_clock_not_the_steps():
+    now = [100.0]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = wallclock_cosine(opt, "00:00:01:40", warmup=0.1, min_ratio=0.1, clock=lambda: now[0])
+    seen = {}
+    for elapsed in (5.0, 10.0, 55.0, 100.0, 130.0):
+        now[0] = 100.0 + elapsed
+        opt.step()
+        sched.step()
+        seen[elapsed] = opt.param_groups[0]["lr"]
+    assert seen[5.0] == pytest.approx(0.5)  # halfway through a 10 s warmup
+    assert seen[10.0] == pytest.approx(1.0)
+    assert seen[55.0] == pytest.approx(0.55)  # halfway through the decay
+    assert seen[100.0] == pytest.approx(0.1) and seen[130.0] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="DD:HH:MM:SS"):
+        wallclock_cosine(opt, "10 minutes")
 
 
 def test_ema_decay_warms_up():

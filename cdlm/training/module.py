@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import lightning as L
@@ -13,17 +14,63 @@ from cdlm.denoiser import Denoiser
 from cdlm.guidance import WithLabel, drop_labels
 
 
+def _cosine(progress: float, min_ratio: float) -> float:
+    """Cosine decay from 1 at progress 0 to ``min_ratio`` at progress >= 1."""
+    progress = min(1.0, progress)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.1
+    optimizer: torch.optim.Optimizer,
+    warmup_steps: float,
+    total_steps: int,
+    min_ratio: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio`` of the peak at
-    ``total_steps``. Both are in optimizer steps, so a short budget gets a short schedule."""
+    ``total_steps``. Both are in optimizer steps, so a short budget gets a short schedule;
+    ``warmup_steps`` < 1 is a fraction of ``total_steps``."""
+    warmup = max(1, round(warmup_steps * total_steps if warmup_steps < 1 else warmup_steps))
 
     def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        if step < warmup:
+            return (step + 1) / warmup
+        return _cosine((step - warmup) / max(1, total_steps - warmup), min_ratio)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def parse_duration(budget: str | float) -> float:
+    """Seconds from a number or Lightning's ``max_time`` string "DD:HH:MM:SS"."""
+    if isinstance(budget, int | float):
+        return float(budget)
+    parts = [float(p) for p in str(budget).split(":")]
+    if len(parts) != 4:
+        raise ValueError(f"budget must be seconds or 'DD:HH:MM:SS', got {budget!r}")
+    days, hours, minutes, seconds = parts
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def wallclock_cosine(
+    optimizer: torch.optim.Optimizer,
+    budget: str | float,
+    warmup: float = 0.1,
+    min_ratio: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warmup then cosine decay over a wall-clock ``budget`` (usually ``trainer.max_time``)
+    instead of a step count: under a fixed time budget every process, whatever its speed, gets a
+    complete schedule that ends when training is stopped. ``warmup`` is a share of the budget.
+    The clock starts when the optimizer is configured (the start of fit)."""
+    seconds = parse_duration(budget)
+    if seconds <= 0:
+        raise ValueError(f"budget must be > 0 seconds, got {budget!r}")
+    start = clock()
+
+    def factor(step: int) -> float:
+        progress = (clock() - start) / seconds
+        if progress < warmup:
+            return max(progress, 1e-3) / warmup
+        return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
