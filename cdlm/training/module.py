@@ -43,10 +43,10 @@ def parse_duration(budget: str | float) -> float:
     """Seconds from a number or Lightning's ``max_time`` string "DD:HH:MM:SS"."""
     if isinstance(budget, int | float):
         return float(budget)
-    parts = [float(p) for p in str(budget).split(":")]
-    if len(parts) != 4:
-        raise ValueError(f"budget must be seconds or 'DD:HH:MM:SS', got {budget!r}")
-    days, hours, minutes, seconds = parts
+    try:
+        days, hours, minutes, seconds = (float(p) for p in str(budget).split(":"))
+    except ValueError:
+        raise ValueError(f"budget must be seconds or 'DD:HH:MM:SS', got {budget!r}") from None
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
