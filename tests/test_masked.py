@@ -173,3 +173,18 @@ def test_masked_samplers_refuse_other_processes():
         check_compatible(sampler, "masked")
         with pytest.raises(ValueError, match="does not fit a 'gaussian' model"):
             check_compatible(sampler, "gaussian")
+
+
+def test_repeat_penalty_lowers_decided_neighbours_tokens_only():
+    from cdlm.samplers.masked import penalise_repeats
+
+    x = torch.tensor([[2, MASK, 3, MASK]])
+    logp = torch.full((1, 4, V), -math.log(4.0))
+    logp[..., MASK] = -math.inf
+    out = penalise_repeats(x, logp, MASK, penalty=math.log(4.0))
+    p = out[0, 1].exp()
+    # position 1 sits between tokens 2 and 3: each becomes 4x less likely than 0 and 1
+    assert torch.allclose(p[[2, 3]], torch.full((2,), 0.1), atol=1e-6)
+    assert torch.allclose(p[[0, 1]], torch.full((2,), 0.4), atol=1e-6) and p[MASK] == 0
+    assert out[0, 3].exp()[3] < out[0, 3].exp()[2]  # last position: left neighbour 3 only
+    assert torch.equal(penalise_repeats(x, logp, MASK, 0.0), logp)

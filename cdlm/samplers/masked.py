@@ -86,6 +86,21 @@ def step_threshold(
     return torch.where(chosen, proposal, x)
 
 
+def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
+    """Lowers by ``penalty`` nats the log-probability of each position's decided left and right
+    neighbour tokens, then renormalises: a guard against the runs of one token (", , ,", "the
+    the") that parallel decoding produces when neighbours are filled from marginals that each
+    favour the same frequent token. x: (B, L) state; logp: (B, L, V)."""
+    if penalty <= 0:
+        return logp
+    pad = torch.full_like(x[:, :1], mask_id)
+    hit = torch.zeros_like(logp, dtype=torch.bool)
+    for neighbour in (torch.cat([pad, x[:, :-1]], 1), torch.cat([x[:, 1:], pad], 1)):
+        hit.scatter_(-1, neighbour[..., None], True)
+    hit[..., mask_id] = False  # an undecided neighbour says nothing
+    return (logp - penalty * hit.to(logp.dtype)).log_softmax(-1)
+
+
 def _blocks(length: int, block_length: int | None) -> list[tuple[int, int]]:
     if block_length is None or block_length >= length:
         return [(0, length)]
@@ -115,10 +130,13 @@ def _loop(
     callback: Callback | None,
     block_length: int | None,
     cache: bool,
+    repeat_penalty: float = 0.0,
     **options,
 ) -> SampleOutput:
     """Walks the blocks left to right, ``len(timesteps) - 1`` steps in all (at least one per
     block). Stops early once every row has finished at an EOS; later masks become EOS."""
+    if repeat_penalty < 0:
+        raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
     length, mask_id, eos_id, keep = (
         x.shape[1],
         process.mask_id,
@@ -146,7 +164,8 @@ def _loop(
             k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
             p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
             iv = Interval(t=t, s=s, steps_left=len(grid) - 1 - j, p_reveal=p_reveal)
-            x = step(x, pred.logits, (x == mask_id) & in_block, iv, generator, **options)
+            logp = penalise_repeats(x, pred.logits, mask_id, repeat_penalty)
+            x = step(x, logp, (x == mask_id) & in_block, iv, generator, **options)
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
@@ -170,6 +189,7 @@ def _sampler(name: str, step, cache: bool = False):
         generator: torch.Generator | None = None,
         callback: Callback | None = None,
         block_length: int | None = None,
+        repeat_penalty: float = 0.0,
         **options,
     ) -> SampleOutput:
         return _loop(
@@ -182,6 +202,7 @@ def _sampler(name: str, step, cache: bool = False):
             callback,
             block_length,
             cache,
+            repeat_penalty,
             **options,
         )
 
@@ -190,7 +211,8 @@ def _sampler(name: str, step, cache: bool = False):
         f"Masked-diffusion sampler ``{name}`` over ``{step.__name__}`` "
         "(see its docstring). x: (B, L) ids with [MASK] where undecided; timesteps: (T+1,) "
         "from 1 to 0; block_length: semi-autoregressive blocks (LLaDA Sec. 2.4), which stop "
-        "early once every row has finished at the process's EOS."
+        "early once every row has finished at the process's EOS; repeat_penalty: nats taken "
+        "off each decided neighbour's token (see ``penalise_repeats``)."
     )
     return sample
 
