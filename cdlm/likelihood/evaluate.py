@@ -13,12 +13,11 @@ from cdlm.data import TextDataModule
 from cdlm.likelihood.terms import likelihood_denoiser
 
 
-def validation_tokens(
+def corpus_split(
     model: Model, path: str | None = None, val_fraction: float = 0.02, packing: bool = True
-) -> torch.Tensor:
-    """(N, L) held-out sequences of the corpus at ``path``, split exactly as ``cdlm-train`` does,
-    tokenised with the checkpoint's own tokenizer (handed to ``TextDataModule`` as a saved
-    tokenizer folder)."""
+) -> TextDataModule:
+    """The corpus at ``path`` split exactly as ``cdlm-train`` does, tokenised with the
+    checkpoint's own tokenizer (handed to ``TextDataModule`` as a saved tokenizer folder)."""
     with tempfile.TemporaryDirectory() as folder:
         model.tokenizer.save_pretrained(folder)
         data = TextDataModule(
@@ -29,7 +28,14 @@ def validation_tokens(
             val_fraction=val_fraction,
         )
         data.setup("validate")
-    return data.val_set.tokens
+    return data
+
+
+def validation_tokens(
+    model: Model, path: str | None = None, val_fraction: float = 0.02, packing: bool = True
+) -> torch.Tensor:
+    """(N, L) held-out sequences of the corpus at ``path`` (see ``corpus_split``)."""
+    return corpus_split(model, path, val_fraction, packing).val_set.tokens
 
 
 @torch.no_grad()
