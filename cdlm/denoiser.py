@@ -47,6 +47,9 @@ class EmbeddingDenoiser:
     connection of EDM's preconditioning (Karras et al. 2022, Sec. 5), it gives the network the
     part of the answer that needs no context for free, so that training signal goes to context
     from the first step instead of to re-learning the embedding readout.
+
+    ``temperature`` (sampling only) divides the logits before the x0 estimate is formed: below 1
+    the estimate moves from the posterior mean embedding towards the most likely token's.
     """
 
     def __init__(
@@ -55,9 +58,12 @@ class EmbeddingDenoiser:
         embedding: nn.Module,
         predicts_logits: bool,
         readout_skip: nn.Module | None = None,
+        temperature: float = 1.0,
     ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.network, self.embedding, self.predicts_logits = network, embedding, predicts_logits
-        self.readout_skip = readout_skip
+        self.readout_skip, self.temperature = readout_skip, temperature
 
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
@@ -69,6 +75,7 @@ class EmbeddingDenoiser:
                 tt = t.float()
                 gain = self.readout_skip.alpha(tt) / self.readout_skip.sigma(tt) ** 2
                 logits = logits + gain[:, None, None] * self.embedding.logits(x_t)
+            logits = logits / self.temperature
             x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
             return Prediction(x0=x0.to(x_t.dtype), logits=logits)
         x0 = out.to(x_t.dtype)

@@ -74,6 +74,7 @@ def generate(
     grid: str = "uniform",
     rounding: str = "argmax",
     clamp: bool = False,
+    temperature: float = 1.0,
     cut_at_eos: bool = True,
     callback: Callback | None = None,
     guidance: Guidance | None = None,
@@ -85,7 +86,8 @@ def generate(
     The same seed gives the same samples: all randomness comes from one generator on the model's
     device. ``grid`` names a timestep grid (``cdlm.samplers.grids``). ``rounding``: ``argmax`` of
     the final logits, or the ``nearest`` embedding of the final
-    state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM).
+    state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM);
+    ``temperature`` sharpens (< 1) the softmax behind each x0 estimate (gaussian only).
     ``guidance``: a label and classifier-free guidance scale. ``canvas``: (ids, editable) of
     ``seq_len`` each, from ``cdlm.regions.build_canvas``: the process holds the non-editable
     positions fixed; ``strength`` < 1 starts the editable ones from their ids noised (or masked)
@@ -122,7 +124,9 @@ def generate(
             condition = partial(
                 _then, condition, partial(held, ids=ids, editable=editable, generator=generator)
             )
-        denoiser = process.sampling_denoiser(network, clamp=clamp, condition=condition)
+        denoiser = process.sampling_denoiser(
+            network, clamp=clamp, condition=condition, temperature=temperature
+        )
         out = sampler(
             denoiser, x, timesteps, process=process, generator=generator, callback=callback
         )

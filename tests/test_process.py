@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from cdlm.denoiser import Prediction
+from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess, NormalizedEmbedding
 from cdlm.schedules import CosineSchedule
 from cdlm.time_samplers import stratified_times
@@ -100,3 +101,17 @@ def test_mse_objective_is_mse_plus_rounding():
 def test_bad_objective_is_refused():
     with pytest.raises(ValueError, match="valid: ce, mse"):
         GaussianProcess(vocab_size=5, objective="l1")
+
+
+def test_gaussian_temperature_moves_x0_towards_the_most_likely_embedding():
+    torch.manual_seed(0)
+    proc = GaussianProcess(20, embed_dim=4).eval()
+    net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=8)
+    x, t = torch.randn(2, 8, 4), torch.full((2,), 0.5)
+    plain = proc.make_denoiser(net)(x, t)
+    cold = proc.make_denoiser(net, temperature=1e-4)(x, t)
+    torch.testing.assert_close(cold.logits, plain.logits / 1e-4)
+    nearest = proc.embedding(plain.logits.argmax(-1))
+    torch.testing.assert_close(cold.x0, nearest, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="temperature"):
+        proc.make_denoiser(net, temperature=0.0)

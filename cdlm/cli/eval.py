@@ -63,6 +63,7 @@ def full_report(cfg: DictConfig) -> None:
         data_path=cfg.data.path,
         likelihood_sequences=None if cfg.num_batches is None else cfg.num_batches * cfg.batch_size,
         cut_at_eos=cfg.cut_at_eos,
+        temperature=cfg.temperature,
     )
     summary = summary_markdown(result)
     print(summary)

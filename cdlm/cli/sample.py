@@ -44,6 +44,7 @@ def validate(cfg: DictConfig) -> None:
         cfg.rounding in ROUNDINGS,
         f"unknown rounding {cfg.rounding!r}; valid: {', '.join(ROUNDINGS)}",
     )
+    require(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}")
     for w in scales(cfg):
         require(w >= 0, f"guidance.scale must be >= 0 (0: unconditional, 1: conditional), got {w}")
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
@@ -135,6 +136,7 @@ def sample(cfg: DictConfig) -> None:
                 grid=cfg.grid,
                 rounding=cfg.rounding,
                 clamp=cfg.clamp,
+                temperature=cfg.temperature,
                 cut_at_eos=canvas is None,
                 callback=lambda info: bar.update(1),
                 guidance=Guidance(label, w),

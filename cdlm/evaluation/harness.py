@@ -66,11 +66,13 @@ def evaluate_checkpoint(
     data_path: str | None = None,
     likelihood_sequences: int | None = None,
     cut_at_eos: bool = True,
+    temperature: float = 1.0,
 ) -> dict:
     """Loads, samples (1 warm-up + ``repeats`` timed runs, batch = ``num_samples``), scores the
     samples and as many real val sequences cut to the same lengths, and computes the val bound
     on the first ``likelihood_sequences`` val sequences (None: all). ``cut_at_eos=False`` scores
-    whole canvases (EOS as line breaks): equal length for every model and sampler."""
+    whole canvases (EOS as line breaks): equal length for every model and sampler.
+    ``temperature``: the gaussian x0 softmax temperature (``cdlm.generate.generate``)."""
     start = time.perf_counter()
     model = load_checkpoint(ckpt, device)
     load_seconds = time.perf_counter() - start
@@ -86,6 +88,7 @@ def evaluate_checkpoint(
         seed=seed,
         grid=grid,
         cut_at_eos=cut_at_eos,
+        temperature=temperature,
     )
     samples = speed.pop("generation").samples
     val = validation_tokens(model, data_path)
@@ -111,6 +114,7 @@ def evaluate_checkpoint(
             "options": options,
             "steps": steps,
             "grid": grid,
+            "temperature": temperature,
         },
         "batch_size": num_samples,
         "seed": seed,

@@ -71,11 +71,17 @@ class TokenProcess(nn.Module):
     def make_denoiser(self, network: nn.Module):
         raise NotImplementedError
 
-    def sampling_denoiser(self, network: nn.Module, clamp: bool = False, condition=None):
+    def sampling_denoiser(
+        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
+    ):
         """The denoiser samplers see; ``condition`` wraps the network's denoiser first
         (guidance, fixed regions)."""
         if clamp:
             raise ValueError("clamp applies to gaussian (embedding) models only")
+        if temperature != 1.0:
+            raise ValueError(
+                "temperature= applies to gaussian models; token samplers take sampler.temperature"
+            )
         denoiser = self.make_denoiser(network)
         return denoiser if condition is None else condition(denoiser)
 

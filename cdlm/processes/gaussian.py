@@ -139,17 +139,17 @@ class GaussianProcess(nn.Module):
         out_dim = self.vocab_size if self.objective == "ce" else self.embed_dim
         return {"in_dim": self.embed_dim, "out_dim": out_dim}
 
-    def make_denoiser(self, network: nn.Module) -> Denoiser:
+    def make_denoiser(self, network: nn.Module, temperature: float = 1.0) -> Denoiser:
         skip = self.schedule if self.readout_skip else None
-        return EmbeddingDenoiser(network, self.embedding, self.objective == "ce", skip)
+        return EmbeddingDenoiser(network, self.embedding, self.objective == "ce", skip, temperature)
 
     def sampling_denoiser(
-        self, network: nn.Module, clamp: bool = False, condition=None
+        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
     ) -> Denoiser:
         """The denoiser samplers see: ``condition`` (guidance, fixed regions) around the
-        network's denoiser, then self-conditioned on its previous estimate, optionally clamped.
-        Stateful, so make one per sampling run."""
-        denoiser = self.make_denoiser(network)
+        network's denoiser (its logits at ``temperature``), then self-conditioned on its previous
+        estimate, optionally clamped. Stateful, so make one per sampling run."""
+        denoiser = self.make_denoiser(network, temperature)
         denoiser = SelfConditioned(denoiser if condition is None else condition(denoiser))
         return ClampToEmbeddings(denoiser, self.embedding) if clamp else denoiser
 

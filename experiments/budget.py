@@ -1,0 +1,249 @@
+"""AR, masked and gaussian under the same wall-clock training budget on this machine, one run.
+
+    python experiments/budget.py --minutes 10 --out docs/budget
+
+Each recipe trains through the real CLI (``cdlm-train experiment=quickstart process=...``) with
+``trainer.max_time`` set to the budget; a recipe with stages (e.g. AR pre-training, then masked
+adaptation) splits the budget between them, so pre-training counts inside it. Then, per final
+checkpoint:
+  * the val bound in bits/token over the whole val split (AR exact NLL, masked ELBO, gaussian
+    VDM ELBO), through ``cdlm.evaluation.harness``;
+  * ``--num-samples`` whole canvases per sampler (EOS written as line breaks, equal length for
+    every model), their gen-PPL under the external scorer (SmolLM2-135M) with token entropy and
+    distinct-n beside it, and the same for real val text of the same length;
+  * for diffusion models, accuracy/CE per noise level beside the no-context readout
+    (``cdlm.evaluation.context``): the evidence that a model uses context.
+Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from cdlm import config_dir
+from cdlm.checkpoint import load_checkpoint
+from cdlm.evaluation.context import context_use
+from cdlm.evaluation.harness import evaluate_checkpoint
+from cdlm.evaluation.quality import load_scorer
+from cdlm.io import atomic_write_text
+from cdlm.likelihood.evaluate import corpus_split
+
+# name -> stages: (share of the budget, cdlm-train overrides). A later stage starts from the
+# previous stage's model (init_from).
+RECIPES: dict[str, list[tuple[float, list[str]]]] = {
+    "autoregressive": [(1.0, ["process=autoregressive"])],
+    "masked": [(1.0, ["process=masked"])],
+    "gaussian": [(1.0, ["process=gaussian"])],
+}
+# name -> [(label, sampler config, options, steps)]; the first is the recipe's headline.
+SAMPLERS: dict[str, list[tuple[str, str, dict, int]]] = {
+    "autoregressive": [("ar, T=1", "ar", {"stop_at_eos": False}, 1)],
+    "masked": [
+        ("ancestral", "ancestral", {}, 128),
+        ("confidence, T=0 (LLaDA default)", "confidence", {}, 128),
+    ],
+    "gaussian": [("ddpm", "ddpm", {}, 128)],
+}
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"00:{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def train(name: str, out: Path, budget_s: float, extra: list[str]) -> dict:
+    """Runs the recipe's stages; returns the final checkpoint and the stages' wall times."""
+    init, stages = None, []
+    for k, (share, overrides) in enumerate(RECIPES[name]):
+        run_dir = out / "runs" / name / f"stage{k}"
+        args = [
+            "experiment=quickstart",
+            *overrides,
+            f"trainer.max_time={duration(share * budget_s)}",
+            f"hydra.run.dir={run_dir}",
+            "logger=csv",
+            *extra,
+            *([f"init_from={init}"] if init else []),
+        ]
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "cdlm.cli.train", *args],
+            check=True,
+            env=os.environ | {"WANDB_MODE": "disabled"},
+        )
+        wall = time.perf_counter() - start
+        init = run_dir / "model.safetensors"
+        stages.append({"overrides": args, "wall_seconds": wall, "steps": last_step(run_dir)})
+    return {"ckpt": str(init), "stages": stages}
+
+
+def last_step(run_dir: Path) -> int:
+    with open(run_dir / "csv" / "version_0" / "metrics.csv") as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
+    return max(steps) + 1 if steps else 0
+
+
+def sampler(config: str, options: dict):
+    cfg = OmegaConf.load(config_dir() / "sampler" / f"{config}.yaml")
+    return instantiate(OmegaConf.merge(cfg, options))
+
+
+def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
+    model = load_checkpoint(ckpt)
+    data = corpus_split(model)
+    result: dict = {"samplers": []}
+    if model.process.kind != "autoregressive":
+        result["context"] = context_use(model, data.val_set.tokens, data.log_unigram())
+    for i, (label, config, options, steps) in enumerate(SAMPLERS[name]):
+        report = evaluate_checkpoint(
+            ckpt,
+            sampler(config, options),
+            steps=steps,
+            num_samples=args.num_samples,
+            seed=0,
+            repeats=1,
+            grid="uniform",
+            scorer=scorer,
+            device=torch.device("cpu"),
+            likelihood_sequences=None if i == 0 else 1,
+            cut_at_eos=False,
+        )
+        if i == 0:
+            result["likelihood"] = report["likelihood"]
+            result["reference"] = report["quality"]["reference"]
+        result["samplers"].append(
+            {
+                "label": label,
+                "steps": steps,
+                "quality": report["quality"]["samples"],
+                "sampling_seconds": report["speed"]["wall_seconds"]["median"],
+                "examples": report["samples"][:3],
+            }
+        )
+    return result
+
+
+def markdown(report: dict) -> str:
+    rows = report["recipes"]
+    ar = rows.get("autoregressive")
+    lines = [
+        f"# Same wall-clock budget: {report['minutes']:g} minutes of training on "
+        f"{report['threads']} CPU threads",
+        "",
+        "Generated by `experiments/budget.py` in one run; samples are whole "
+        f"{report['seq_len']}-token canvases ({report['num_samples']} per row, EOS as line "
+        "breaks), scored by SmolLM2-135M. Real text: val sequences cut to the same lengths.",
+        "",
+        "| recipe | steps | val bits/token | sampler | gen-PPL | entropy (bits) | distinct-2 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lk = r["likelihood"]
+        steps = "+".join(str(s["steps"]) for s in r["stages"])
+        for k, s in enumerate(r["samplers"]):
+            q = s["quality"]
+            head = (
+                f"| {name} | {steps} | {lk['bits_per_token']:.3f} ({lk['kind']}) "
+                if k == 0
+                else "| | | "
+            )
+            lines.append(
+                f"{head}| {s['label']}, {s['steps']} steps | {q.get('gen_ppl', float('nan')):.0f} "
+                f"| {q['token_entropy_bits']:.2f} | {q['distinct_2']:.3f} |"
+            )
+    ref = next(iter(rows.values()))["reference"]
+    lines.append(
+        f"| real val text | | | | {ref.get('gen_ppl', float('nan')):.0f} "
+        f"| {ref['token_entropy_bits']:.2f} | {ref['distinct_2']:.3f} |"
+    )
+    if ar is not None:
+        lines += ["", "## Against the AR baseline", ""]
+        ar_bits = ar["likelihood"]["bits_per_token"]
+        ar_ppl = ar["samplers"][0]["quality"].get("gen_ppl", float("nan"))
+        for name, r in rows.items():
+            if name == "autoregressive":
+                continue
+            q = r["samplers"][0]["quality"]
+            lines.append(
+                f"- {name}: bound / AR NLL = {r['likelihood']['bits_per_token'] / ar_bits:.3f}; "
+                f"gen-PPL / AR gen-PPL = {q.get('gen_ppl', float('nan')) / ar_ppl:.2f}; "
+                f"entropy / real = {q['token_entropy_bits'] / ref['token_entropy_bits']:.3f}"
+            )
+    for name, r in rows.items():
+        if "context" not in r:
+            continue
+        lines += [
+            "",
+            f"## {name}: does it use context?",
+            "",
+            "| t | accuracy | no-context accuracy | gain | CE (nats) | no-context CE |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in r["context"]:
+            lines.append(
+                f"| {c['t']:g} | {c['acc']:.3f} | {c['base_acc']:.3f} | {c['context_gain']:.2f} "
+                f"| {c['ce']:.3f} | {c['base_ce']:.3f} |"
+            )
+    lines += ["", "## Sample excerpts", ""]
+    for name, r in rows.items():
+        for s in r["samplers"]:
+            text = s["examples"][0].replace("\n", " / ")[:300]
+            lines.append(f"- **{name}, {s['label']}**: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--num-samples", type=int, default=32)
+    parser.add_argument("--out", default="docs/budget")
+    parser.add_argument("--runs", default="outputs/budget")
+    parser.add_argument("--skip-training", action="store_true", help="evaluate existing runs")
+    parser.add_argument("--train-override", action="append", default=[])
+    args = parser.parse_args()
+    names = args.recipes.split(",")
+    runs = Path(args.runs)
+    trained = {}
+    for name in names:
+        if args.skip_training:
+            last = runs / "runs" / name / f"stage{len(RECIPES[name]) - 1}"
+            stages = [
+                {"steps": last_step(runs / "runs" / name / f"stage{k}")}
+                for k in range(len(RECIPES[name]))
+            ]
+            trained[name] = {"ckpt": str(last / "model.safetensors"), "stages": stages}
+        else:
+            trained[name] = train(name, runs, args.minutes * 60, args.train_override)
+    scorer = load_scorer()
+    report = {
+        "minutes": args.minutes,
+        "threads": torch.get_num_threads(),
+        "num_samples": args.num_samples,
+        "seq_len": load_checkpoint(trained[names[0]]["ckpt"]).config["seq_len"],
+        "recipes": {},
+    }
+    for name in names:
+        report["recipes"][name] = trained[name] | evaluate(
+            name, trained[name]["ckpt"], args, scorer
+        )
+        print(f"{name}: evaluated", flush=True)
+    out = Path(args.out)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
