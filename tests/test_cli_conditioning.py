@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from cdlm.checkpoint import load_checkpoint
+from cdlm.cli.common import UsageError, compose_checked
+from cdlm.cli.sample import label_index, read_canvas, validate
 from tests.conftest import run_cli
 
 FAST = ["steps=2", "num_samples=2", "progress=false"]
@@ -111,13 +114,8 @@ def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
     "args, needles",
     [
         (["prompt=" + "the morning was fine " * 20], ["longer than the canvas", "16"]),
-        (['infill="Mr [[4]] ' + "and then " * 20 + '"'], ["longer than the canvas"]),
         (["label=ulysses"], ["unknown label 'ulysses'", "emma, persuasion"]),
         (["label=emma", "guidance.scale=-1"], ["guidance.scale must be >= 0"]),
-        (["label=emma", "guidance.scale=[1,-0.5]"], ["guidance.scale must be >= 0"]),
-        (['infill="oops [[3 and more"'], ["never closed"]),
-        (["prompt=a", "infill='b [[2]]'"], ["at most one of prompt=, infill=, edit="]),
-        (["edit=/no/such/file.txt"], ["edit file not found"]),
     ],
 )
 def test_input_errors_are_one_line(tiny_masked_checkpoint, tmp_path, args, needles):
@@ -127,3 +125,28 @@ def test_input_errors_are_one_line(tiny_masked_checkpoint, tmp_path, args, needl
     )
     one_line_error(result, *needles)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (['infill="Mr [[4]] ' + "and then " * 20 + '"'], ["longer than the canvas"]),
+        (["label=emma", "guidance.scale=[1,-0.5]"], ["guidance.scale must be >= 0"]),
+        (['infill="oops [[3 and more"'], ["never closed", "character 5"]),
+        (["prompt=a", "infill='b [[2]]'"], ["at most one of prompt=, infill=, edit="]),
+        (["edit=/no/such/file.txt"], ["edit file not found"]),
+        (["edit_strength=0"], ["edit_strength must be in (0, 1]"]),
+        (["temperature=0"], ["temperature must be > 0"]),
+    ],
+)
+def test_more_input_errors_name_the_problem(tiny_masked_checkpoint, args, needles):
+    """The same checks in-process (each CLI start costs seconds): validation, then reading the
+    canvas and label against the loaded model."""
+    cfg = compose_checked("sample", [f"ckpt={tiny_masked_checkpoint}", *args])
+    model = load_checkpoint(tiny_masked_checkpoint)
+    with pytest.raises(UsageError) as err:
+        validate(cfg)
+        label_index(model, cfg.label)
+        read_canvas(cfg, model, model.config["seq_len"])
+    message = str(err.value)
+    assert "\n" not in message and all(n in message for n in needles), message

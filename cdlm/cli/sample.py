@@ -75,20 +75,20 @@ def label_index(model: Model, label: str | None) -> int | None:
 def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | None, float]:
     """The canvas of fixed and editable regions from prompt=/infill=/edit=, and the edit
     strength (1: editable spans start from noise)."""
-    if cfg.prompt is not None:
-        segments, strength = prompt_template(str(cfg.prompt)), 1.0
-    elif cfg.infill is not None:
-        segments, strength = parse_template(str(cfg.infill)), 1.0
-    elif cfg.edit is not None:
-        path = Path(cfg.edit)
-        if not path.is_file():
-            raise UsageError(f"edit file not found: {path}")
-        segments, strength = parse_template(path.read_text(encoding="utf-8")), cfg.edit_strength
-    else:
-        return None, 1.0
+    strength = cfg.edit_strength if cfg.edit is not None else 1.0
+    if cfg.edit is not None and not Path(cfg.edit).is_file():
+        raise UsageError(f"edit file not found: {cfg.edit}")
     tok = model.tokenizer
     fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
     try:
+        if cfg.prompt is not None:
+            segments = prompt_template(str(cfg.prompt))
+        elif cfg.infill is not None:
+            segments = parse_template(str(cfg.infill))
+        elif cfg.edit is not None:
+            segments = parse_template(Path(cfg.edit).read_text(encoding="utf-8"))
+        else:
+            return None, 1.0
         return build_canvas(segments, tok, seq_len, fill), strength
     except ValueError as e:
         raise UsageError(str(e)) from None
