@@ -41,6 +41,8 @@ def warmup_cosine(
 
 def parse_duration(budget: str | float) -> float:
     """Seconds from a number or Lightning's ``max_time`` string "DD:HH:MM:SS"."""
+    if budget is None:
+        raise ValueError("wallclock_cosine needs a time budget: set trainer.max_time")
     if isinstance(budget, int | float):
         return float(budget)
     try:
