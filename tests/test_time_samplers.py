@@ -134,3 +134,31 @@ def test_ar_checkpoint_in_a_shifted_masked_model_starts_as_the_ar_model():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     net.future_visibility = 1.0  # and full attention sees the future
     assert not torch.allclose(net(torch.cat([bos, tokens], 1), torch.zeros(3))[:, :-1], expected)
+
+
+def test_ar_phase_then_annealed_attention_then_masked_objective():
+    torch.manual_seed(0)
+    proc = MaskedProcess(12, mask_id=11, eos_id=1, shift=True, ar_steps=2, anneal_steps=4).train()
+    net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=9)
+    den = proc.make_denoiser(net)
+    tokens = torch.randint(0, 11, (3, 8))
+    seen = []
+    for _ in range(7):
+        out = proc.loss(den, tokens)
+        seen.append((sorted(out.metrics), net.future_visibility))
+    assert seen[0] == (["ar_bits_per_token"], 0.0) and seen[1][0] == ["ar_bits_per_token"]
+    assert [v for _, v in seen[2:]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert seen[2][0] == ["bits_per_token"]
+    # The AR phase loss is the next-token NLL of the same weights as a causal AR network (with
+    # no probability on [MASK], which the masked model never predicts).
+    ar = AutoregressiveProcess(12, bos_id=1)
+    ar_den = ar.make_denoiser(net)
+    net.causal = True
+    logits = ar_den(ar_den.shift(tokens)).logits
+    net.causal = False
+    logits[..., 11] = -math.inf
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    proc.step.zero_()
+    torch.testing.assert_close(proc.loss(den, tokens).loss, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs shift"):
+        MaskedProcess(12, mask_id=11, eos_id=1, ar_steps=5)

@@ -157,7 +157,7 @@ class Transformer(nn.Module):
         self.in_dim, self.out_dim, self.d_model = in_dim, out_dim, d_model
         self.self_condition, self.causal = self_condition, causal
         # Share of future keys a bidirectional network may attend to in training: below 1 while
-        # an AR initialisation is annealed from causal to full attention (AttentionAnneal).
+        # an AR initialisation is annealed from causal to full attention (MaskedProcess).
         self.future_visibility = 1.0
         self.in_proj = (
             nn.Embedding(in_vocab, d_model)

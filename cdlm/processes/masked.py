@@ -41,8 +41,15 @@ class MaskedDenoiser:
         self.network, self.mask_id, self.shift_from = network, mask_id, shift_from
 
     def __call__(
-        self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
+        self,
+        z: Tensor,
+        t: Tensor,
+        self_cond: Tensor | None = None,
+        label: Tensor | None = None,
+        subs: bool = True,
     ) -> Prediction:
+        """``subs=False`` skips the carry-over of unmasked inputs: the plain predictions at every
+        position (with a shifted causal network on clean input, next-token predictions)."""
         zeros = torch.zeros(z.shape[0], device=z.device)
         if self.shift_from is None:
             logits = full_precision(self.network(z, zeros, label=label))
@@ -53,6 +60,8 @@ class MaskedDenoiser:
         no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         no_mask[self.mask_id] = True
         logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
+        if not subs:
+            return Prediction(logits=logp)
         carried = torch.full_like(logp, -math.inf).scatter_(-1, z[..., None], 0.0)
         return Prediction(logits=torch.where((z != self.mask_id)[..., None], carried, logp))
 
@@ -69,6 +78,12 @@ class MaskedProcess(TokenProcess):
         t_min: smallest training time; the ELBO weight 1/t is unbounded at 0 (MDLM uses 1e-3).
         shift: Dream-style shifted prediction (position i predicted from output i - 1, after a
             BOS = ``eos_id``); needed to start from an AR checkpoint, and faster from scratch.
+        ar_steps: train the first ``ar_steps`` batches as a next-token predictor (causal
+            attention, clean input; needs ``shift``), then switch to the masked objective: AR
+            pre-training inside the same run and budget (DiffuLLaMA / Dream adaptation).
+        anneal_steps: after the AR phase (or from the start, e.g. with ``init_from`` an AR
+            checkpoint), open attention from causal to full over this many batches, each future
+            key visible with a probability rising from 0 to 1 (DiffuLLaMA, Gong et al. 2025).
         time_sampler: where training draws t (``cdlm.time_samplers``: stratified uniform, the
             unbiased bound, by default; a mask-rate curriculum; CDCD warping). Validation always
             uses stratified uniform t, so the logged bound is the true one.
@@ -87,6 +102,8 @@ class MaskedProcess(TokenProcess):
         t_min: float = 1e-3,
         time_sampler: TimeSampler | None = None,
         shift: bool = False,
+        ar_steps: int = 0,
+        anneal_steps: int = 0,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -99,9 +116,17 @@ class MaskedProcess(TokenProcess):
             raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab_size}")
         if shift and eos_id is None:
             raise ValueError("shift=true needs eos_id (the BOS the shifted input starts with)")
+        if ar_steps < 0 or anneal_steps < 0:
+            raise ValueError(
+                f"ar_steps and anneal_steps must be >= 0, got {ar_steps}, {anneal_steps}"
+            )
+        if ar_steps and not shift:
+            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
+        self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
 
     @property
     def canvas_id(self) -> int:
@@ -140,10 +165,31 @@ class MaskedProcess(TokenProcess):
         """Uniform stratified times in [t_min, 1): the draw of the unbiased bound."""
         return self.t_min + (1.0 - self.t_min) * stratified_times(n, device, generator)
 
+    def _training_phase(self, denoiser: Denoiser) -> bool:
+        """Advances the batch count and sets the network's share of visible future keys;
+        True while in the AR phase."""
+        step = int(self.step)
+        self.step += 1
+        if not (self.ar_steps or self.anneal_steps):
+            return False
+        if step < self.ar_steps:
+            visibility = 0.0
+        elif self.anneal_steps:
+            visibility = min(1.0, (step - self.ar_steps) / self.anneal_steps)
+        else:
+            visibility = 1.0
+        denoiser.network.future_visibility = visibility
+        return step < self.ar_steps
+
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
         """The continuous-time ELBO integrand at t from the time sampler (training) or
-        stratified uniform t (evaluation: an unbiased bound on -log p in nats)."""
+        stratified uniform t (evaluation: an unbiased bound on -log p in nats). In the AR phase
+        of training: the next-token NLL of clean input under causal attention."""
         n = tokens.shape[0]
+        if self.training and self._training_phase(denoiser):
+            logits = denoiser(tokens, torch.zeros(n, device=tokens.device), subs=False).logits
+            nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+            return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
         if self.training:
             t = self.t_min + (1.0 - self.t_min) * self.time_sampler(n, tokens.device)
         else:

@@ -146,21 +146,3 @@ def ema_with_warmup(decay: float = 0.999) -> Callable:
         return averaged * d + current * (1.0 - d)
 
     return avg_fn
-
-
-class AttentionAnneal(L.Callback):
-    """Anneals a bidirectional network from causal to full attention over the first ``steps``
-    training steps (DiffuLLaMA, Gong et al. 2025): the way to start a masked model from an AR
-    checkpoint (``init_from``) without destroying what it knows. 0 steps: full from the start."""
-
-    def __init__(self, steps: int = 0) -> None:
-        if steps < 0:
-            raise ValueError(f"attention_anneal.steps must be >= 0, got {steps}")
-        self.steps = steps
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
-        progress = 1.0 if self.steps == 0 else trainer.global_step / self.steps
-        pl_module.network.future_visibility = min(1.0, progress)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.network.future_visibility = 1.0
