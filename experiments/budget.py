@@ -46,14 +46,19 @@ RECIPES: dict[str, list[tuple[float, list[str]]]] = {
     "masked": [(1.0, ["process=masked"])],
     "gaussian": [(1.0, ["process=gaussian"])],
 }
-# name -> [(label, sampler config, options, steps)]; the first is the recipe's headline.
-SAMPLERS: dict[str, list[tuple[str, str, dict, int]]] = {
-    "autoregressive": [("ar, T=1", "ar", {"stop_at_eos": False}, 1)],
+# name -> [(label, sampler config, options, steps, gaussian x0 temperature)]; the first is the
+# recipe's headline (the process's default sampler, chosen before any result was seen).
+SAMPLERS: dict[str, list[tuple[str, str, dict, int, float]]] = {
+    "autoregressive": [("ar, T=1", "ar", {"stop_at_eos": False}, 1, 1.0)],
     "masked": [
-        ("ancestral", "ancestral", {}, 128),
-        ("confidence, T=0 (LLaDA default)", "confidence", {}, 128),
+        ("ancestral", "ancestral", {}, 128, 1.0),
+        ("ancestral, blocks of 32", "ancestral", {"block_length": 32}, 128, 1.0),
+        ("confidence, T=0 (LLaDA default)", "confidence", {}, 128, 1.0),
     ],
-    "gaussian": [("ddpm", "ddpm", {}, 128)],
+    "gaussian": [
+        ("ddpm", "ddpm", {}, 128, 1.0),
+        ("ddpm, x0 temperature 0.7", "ddpm", {}, 128, 0.7),
+    ],
 }
 
 
@@ -105,7 +110,7 @@ def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
     result: dict = {"samplers": []}
     if model.process.kind != "autoregressive":
         result["context"] = context_use(model, data.val_set.tokens, data.log_unigram())
-    for i, (label, config, options, steps) in enumerate(SAMPLERS[name]):
+    for i, (label, config, options, steps, temperature) in enumerate(SAMPLERS[name]):
         report = evaluate_checkpoint(
             ckpt,
             sampler(config, options),
@@ -118,6 +123,7 @@ def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
             device=torch.device("cpu"),
             likelihood_sequences=None if i == 0 else 1,
             cut_at_eos=False,
+            temperature=temperature,
         )
         if i == 0:
             result["likelihood"] = report["likelihood"]

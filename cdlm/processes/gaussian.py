@@ -121,7 +121,10 @@ class GaussianProcess(nn.Module):
     ) -> None:
         super().__init__()
         if readout_skip and objective != "ce":
-            raise ValueError("readout_skip needs objective=ce (it adds to the network's logits)")
+            raise ValueError(
+                "readout_skip needs objective=ce (it adds to the logits); with objective=mse set "
+                "process.readout_skip=false"
+            )
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
         if not 0.0 <= self_cond_prob <= 1.0:
