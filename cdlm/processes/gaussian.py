@@ -53,8 +53,11 @@ class NormalizedEmbedding(nn.Module):
 
     def logits(self, x: Tensor) -> Tensor:
         """Nearest-embedding readout, (B, L, D) -> (B, L, V): -||x - e_v||^2 / 2 up to a constant
-        per position (rows share one norm), so its argmax is the nearest embedding."""
-        return x.float() @ self.table().float().T
+        per position (rows share one norm), so its argmax is the nearest embedding. Always fp32:
+        under bf16 autocast the inner products (up to dim) would be rounded by ~0.1, and the
+        readout skip multiplies them by alpha / sigma^2."""
+        with torch.autocast(x.device.type, enabled=False):
+            return x.float() @ self.table().float().T
 
     def nearest(self, x: Tensor) -> Tensor:
         """(B, L, D) -> (B, L) ids of the nearest embeddings."""
