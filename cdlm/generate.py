@@ -14,6 +14,7 @@ from torch import nn
 
 from cdlm import config_dir
 from cdlm.guidance import Guidance
+from cdlm.regions import Canvas
 from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
 from cdlm.samplers.base import Callback
 
@@ -78,7 +79,7 @@ def generate(
     cut_at_eos: bool = True,
     callback: Callback | None = None,
     guidance: Guidance | None = None,
-    canvas: tuple[list[int], list[bool]] | None = None,
+    canvas: Canvas | None = None,
     strength: float = 1.0,
 ) -> Generation:
     """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
@@ -88,10 +89,10 @@ def generate(
     the final logits, or the ``nearest`` embedding of the final
     state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM);
     ``temperature`` sharpens (< 1) the softmax behind each x0 estimate (gaussian only).
-    ``guidance``: a label and classifier-free guidance scale. ``canvas``: (ids, editable) of
-    ``seq_len`` each, from ``cdlm.regions.build_canvas``: the process holds the non-editable
-    positions fixed; ``strength`` < 1 starts the editable ones from their ids noised (or masked)
-    to t = strength (editing) instead of from the prior.
+    ``guidance``: a label and classifier-free guidance scale. ``canvas``: from
+    ``cdlm.regions.build_canvas``, ``seq_len`` positions: the process holds the non-editable ones
+    fixed; ``strength`` < 1 starts the editable text spans from their ids noised (or masked) to
+    t = strength (editing) instead of from the prior.
     """
     for name, value in (("steps", steps), ("num_samples", num_samples), ("seq_len", seq_len)):
         if value < 1:
@@ -102,8 +103,8 @@ def generate(
         raise ValueError("rounding=nearest applies to gaussian (embedding) models only")
     if not 0.0 < strength <= 1.0:
         raise ValueError(f"edit strength must be in (0, 1], got {strength}")
-    if canvas is not None and len(canvas[0]) != seq_len:
-        raise ValueError(f"the canvas has {len(canvas[0])} positions, seq_len is {seq_len}")
+    if canvas is not None and len(canvas.ids) != seq_len:
+        raise ValueError(f"the canvas has {len(canvas.ids)} positions, seq_len is {seq_len}")
     check_compatible(sampler, process.kind)
     device = next(network.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
@@ -112,28 +113,34 @@ def generate(
     passes = 2 if guidance.label is not None and guidance.scale not in (0.0, 1.0) else 1
     batch_size = batch_size or num_samples
     samples, nfe, start = [], 0, time.perf_counter()
-    for first in range(0, num_samples, batch_size):
-        n = min(batch_size, num_samples - first)
-        x = process.prior((n, seq_len), device, generator)
-        condition = partial(guidance.wrap, batch=n, device=device)
-        if canvas is not None:
-            ids = torch.tensor(canvas[0], device=device).expand(n, -1)
-            editable = torch.tensor(canvas[1], device=device).expand(n, -1)
-            x = process.start(x, ids, editable, strength, generator)
-            held = process.hold_fixed
-            condition = partial(
-                _then, condition, partial(held, ids=ids, editable=editable, generator=generator)
+    was_training = network.training
+    network.eval()  # callbacks may call this mid-training: no dropout, no attention annealing
+    try:
+        for first in range(0, num_samples, batch_size):
+            n = min(batch_size, num_samples - first)
+            x = process.prior((n, seq_len), device, generator)
+            condition = partial(guidance.wrap, batch=n, device=device)
+            if canvas is not None:
+                ids = torch.tensor(canvas.ids, device=device).expand(n, -1)
+                editable = torch.tensor(canvas.editable, device=device).expand(n, -1)
+                seeded = torch.tensor(canvas.seeded, device=device).expand(n, -1)
+                x = process.start(x, ids, editable, seeded, strength, generator)
+                held = process.hold_fixed
+                condition = partial(
+                    _then, condition, partial(held, ids=ids, editable=editable, generator=generator)
+                )
+            denoiser = process.sampling_denoiser(
+                network, clamp=clamp, condition=condition, temperature=temperature
             )
-        denoiser = process.sampling_denoiser(
-            network, clamp=clamp, condition=condition, temperature=temperature
-        )
-        out = sampler(
-            denoiser, x, timesteps, process=process, generator=generator, callback=callback
-        )
-        ids = out.tokens if rounding == "argmax" else process.embedding.nearest(out.x)
-        samples += [decode(tokenizer, row, cut_at_eos) for row in ids.tolist()]
-        positions = out.positions if out.positions is not None else out.nfe * seq_len
-        nfe, positions = out.nfe * passes, positions * passes
+            out = sampler(
+                denoiser, x, timesteps, process=process, generator=generator, callback=callback
+            )
+            ids = out.tokens if rounding == "argmax" else process.embedding.nearest(out.x)
+            samples += [decode(tokenizer, row, cut_at_eos) for row in ids.tolist()]
+            positions = out.positions if out.positions is not None else out.nfe * seq_len
+            nfe, positions = out.nfe * passes, positions * passes
+    finally:
+        network.train(was_training)
     return Generation(samples, nfe, positions, wall_seconds=time.perf_counter() - start)
 
 

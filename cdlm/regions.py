@@ -91,6 +91,16 @@ class Canvas:
     spans: list[tuple[int, int]]  # token span [a, b) of each segment, in order
     segments: list[Segment]
 
+    @property
+    def seeded(self) -> list[bool]:
+        """seq_len flags; True inside editable text spans ([[text]]), whose tokens an edit
+        starts from; blanks and the tail start from the prior."""
+        flags = [False] * len(self.ids)
+        for seg, (a, b) in zip(self.segments, self.spans, strict=True):
+            if seg.editable and seg.blank_tokens is None:
+                flags[a:b] = [True] * (b - a)
+        return flags
+
 
 def _tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -89,7 +89,14 @@ def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_masked_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
-    return train_tiny(tmp_path_factory, tiny_corpus, "process=masked")
+    # one AR batch, one annealing batch, one masked batch: every phase of the recipe runs
+    return train_tiny(
+        tmp_path_factory,
+        tiny_corpus,
+        "process=masked",
+        "process.ar_steps=1",
+        "process.anneal_steps=1",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from cdlm import config_dir
 from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
 from cdlm.generate import generate
+from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.regions import assemble, build_canvas, parse_template, prompt_template
@@ -75,7 +76,7 @@ def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, blo
             seq_len=L,
             seed=1,
             cut_at_eos=False,
-            canvas=(canvas.ids, canvas.editable),
+            canvas=canvas,
             strength=strength,
         )
         for s in out.samples:
@@ -112,7 +113,7 @@ def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok):
         steps=4,
         num_samples=1,
         seq_len=L,
-        canvas=(canvas.ids, canvas.editable),
+        canvas=canvas,
     )
     fixed = ~torch.tensor(canvas.editable)
     x0 = process.embedding(torch.tensor(canvas.ids))[fixed]
@@ -132,12 +133,13 @@ def test_masked_edit_remasks_only_the_editable_spans(tok):
     ids = torch.tensor(canvas.ids).expand(64, -1)
     editable = torch.tensor(canvas.editable).expand(64, -1)
     g = torch.Generator().manual_seed(0)
-    start = process.start(ids.clone(), ids, editable, 0.5, g)
+    seeded = torch.tensor(canvas.seeded).expand(64, -1)
+    start = process.start(ids.clone(), ids, editable, seeded, 0.5, g)
     assert torch.equal(start[~editable], ids[~editable])
     masked = start == tok.mask_token_id
-    span = editable & (ids != tok.mask_token_id)  # the [[some doubt]] span and the tail's fill
-    assert 0.3 < masked[span].float().mean() < 0.7  # ~ 1 - keep(0.5)
-    full = process.start(ids.clone(), ids, editable, 1.0, g)
+    assert 0.3 < masked[seeded].float().mean() < 0.7  # the [[some doubt]] span: ~1 - keep(0.5)
+    assert masked[editable & ~seeded].all()  # blanks and the tail start fully masked
+    full = process.start(ids.clone(), ids, editable, seeded, 1.0, g)
     assert torch.equal(full == tok.mask_token_id, editable)
 
 
@@ -155,7 +157,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
         num_samples=2,
         seq_len=L,
         cut_at_eos=False,
-        canvas=(canvas.ids, canvas.editable),
+        canvas=canvas,
     )
     for s in out.samples:
         assert assemble(canvas, s.token_ids, tok)[0].startswith("It was the morning")
@@ -169,5 +171,50 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
             steps=1,
             num_samples=1,
             seq_len=L,
-            canvas=(infill.ids, infill.editable),
+            canvas=infill,
         )
+
+
+def test_gaussian_edit_starts_text_spans_from_their_noised_embeddings_and_blanks_from_noise(tok):
+    process = processes(tok)["gaussian"]
+    canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+    ids = torch.tensor(canvas.ids)[None]
+    editable, seeded = torch.tensor(canvas.editable)[None], torch.tensor(canvas.seeded)[None]
+    prior = torch.randn(1, L, 4, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    x = process.start(prior, ids, editable, seeded, 0.02, g)  # barely noised
+    blanks = editable & ~seeded
+    assert torch.equal(x[blanks], prior[blanks]) and torch.equal(x[~editable], prior[~editable])
+    nearest = process.embedding.nearest(x)
+    assert torch.equal(nearest[seeded], ids[seeded])  # the text to edit is still readable
+
+
+def test_guidance_and_fixed_regions_compose(tok):
+    """A conditional masked model, guided at w = 3, still returns the fixed text."""
+    process = processes(tok)["masked"]
+    torch.manual_seed(0)
+    net = Transformer(
+        **process.network_kwargs,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        max_seq_len=L + 1,
+        num_classes=2,
+    ).eval()
+    torch.nn.init.normal_(net.label_embed.weight)
+    canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+    sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ancestral.yaml"))
+    out = generate(
+        process,
+        net,
+        tok,
+        sampler,
+        steps=4,
+        num_samples=2,
+        seq_len=L,
+        cut_at_eos=False,
+        canvas=canvas,
+        guidance=Guidance(label=1, scale=3.0),
+    )
+    for s in out.samples:
+        assemble(canvas, s.token_ids, tok)

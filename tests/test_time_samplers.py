@@ -162,3 +162,24 @@ def test_ar_phase_then_annealed_attention_then_masked_objective():
     torch.testing.assert_close(proc.loss(den, tokens).loss, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="needs shift"):
         MaskedProcess(12, mask_id=11, eos_id=1, ar_steps=5)
+
+
+def test_a_step_budget_shorter_than_the_ar_phase_is_refused(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("cdlm-train", "process=masked", "trainer.max_steps=100", cwd=tmp_path)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert "leave no masked training" in lines[0] and "process.ar_steps=0" in lines[0]
+
+
+def test_lr_schedules_refuse_a_missing_budget():
+    from cdlm.training.module import wallclock_cosine, warmup_cosine
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="wallclock_cosine"):
+        warmup_cosine(opt, warmup_steps=10, total_steps=-1)
+    with pytest.raises(ValueError, match="trainer.max_time"):
+        wallclock_cosine(opt, None)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        wallclock_cosine(opt, 60.0, warmup=1.0)

@@ -140,7 +140,7 @@ def sample(cfg: DictConfig) -> None:
                 cut_at_eos=canvas is None,
                 callback=lambda info: bar.update(1),
                 guidance=Guidance(label, w),
-                canvas=None if canvas is None else (canvas.ids, canvas.editable),
+                canvas=canvas,
                 strength=strength,
             )
         for s in gen.samples:

@@ -26,6 +26,13 @@ def validate(cfg: DictConfig) -> None:
         steps is None or steps == -1 or steps >= 1,
         f"trainer.max_steps must be >= 1 (or -1 for no limit), got {steps}",
     )
+    warm = cfg.process.get("ar_steps", 0) + cfg.process.get("anneal_steps", 0)
+    require(
+        not (steps and steps > 0 and warm >= steps),
+        f"process.ar_steps + process.anneal_steps = {warm} leave no masked training in "
+        f"trainer.max_steps={steps}; lower them (process.ar_steps=0 process.anneal_steps=0 "
+        "trains the masked objective from the first step)",
+    )
 
 
 def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:

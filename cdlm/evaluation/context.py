@@ -29,16 +29,21 @@ def context_use(
     for t in times:
         generator = torch.Generator(device).manual_seed(seed)
         sums = {"acc": 0.0, "base_acc": 0.0, "ce": 0.0, "base_ce": 0.0}
+        count = 0
         for batch in tokens.split(batch_size):
             m = model.process.evaluate_at(
                 denoiser, batch.to(device), t, generator, log_prior.to(device)
             )
-            for key, value in (
-                ("acc", m.acc),
-                ("base_acc", m.baseline_acc),
-                ("ce", m.ce),
-                ("base_ce", m.baseline_ce),
-            ):
-                sums[key] += float(value) * len(batch) / len(tokens)
-        rows.append({"t": t, **sums, "context_gain": sums["acc"] / max(sums["base_acc"], 1e-9)})
+            values = {
+                "acc": m.acc,
+                "base_acc": m.baseline_acc,
+                "ce": m.ce,
+                "base_ce": m.baseline_ce,
+            }
+            for key, value in values.items():
+                sums[key] += float(value) * m.count  # weighted by positions scored
+            count += m.count
+        means = {key: total / max(count, 1) for key, total in sums.items()}
+        gain = means["acc"] / max(means["base_acc"], 1e-9)
+        rows.append({"t": t, **means, "positions": count, "context_gain": gain})
     return rows

@@ -63,7 +63,15 @@ class AutoregressiveProcess(TokenProcess):
         nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
 
-    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+    def start(
+        self,
+        x: Tensor,
+        ids: Tensor,
+        editable: Tensor,
+        seeded: Tensor,
+        strength: float,
+        generator,
+    ) -> Tensor:
         """The sampler writes every position; the prompt is forced by ``hold_fixed``."""
         return x
 

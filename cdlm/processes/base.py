@@ -32,22 +32,26 @@ class LevelMetrics:
     # context exactly where it beats this.
     baseline_ce: Tensor | None = None
     baseline_acc: Tensor | None = None
+    count: int = 0  # positions scored (masked ones only, for masked diffusion)
 
 
 def level_metrics(logits: Tensor, target: Tensor, baseline: Tensor | None) -> LevelMetrics:
     """CE and accuracy of (N, V) ``logits`` on (N,) ``target``, and of ``baseline`` logits."""
     if target.numel() == 0:
-        return LevelMetrics(ce=torch.zeros(()), acc=torch.ones(()))
+        zero = torch.zeros(())
+        none = None if baseline is None else zero
+        return LevelMetrics(ce=zero, acc=zero, baseline_ce=none, baseline_acc=none)
 
     def ce_acc(z: Tensor) -> tuple[Tensor, Tensor]:
         z = z.float()
         return F.cross_entropy(z, target), (z.argmax(-1) == target).float().mean()
 
     ce, acc = ce_acc(logits)
+    n = target.numel()
     if baseline is None:
-        return LevelMetrics(ce=ce, acc=acc)
+        return LevelMetrics(ce=ce, acc=acc, count=n)
     b_ce, b_acc = ce_acc(baseline)
-    return LevelMetrics(ce=ce, acc=acc, baseline_ce=b_ce, baseline_acc=b_acc)
+    return LevelMetrics(ce=ce, acc=acc, baseline_ce=b_ce, baseline_acc=b_acc, count=n)
 
 
 class TokenProcess(nn.Module):

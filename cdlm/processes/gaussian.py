@@ -159,16 +159,25 @@ class GaussianProcess(nn.Module):
         denoiser = SelfConditioned(denoiser if condition is None else condition(denoiser))
         return ClampToEmbeddings(denoiser, self.embedding) if clamp else denoiser
 
-    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+    def start(
+        self,
+        x: Tensor,
+        ids: Tensor,
+        editable: Tensor,
+        seeded: Tensor,
+        strength: float,
+        generator,
+    ) -> Tensor:
         """The sampler's starting state for a canvas (B, L) of ``ids``: with strength < 1
-        (editing), the editable positions' embeddings noised to t = strength; otherwise the
-        prior draw ``x``. Fixed positions are held by ``hold_fixed``."""
+        (editing), the ``seeded`` editable positions (text to edit) start from their embeddings
+        noised to t = strength; blanks and everything else from the prior draw ``x``. Fixed
+        positions are held by ``hold_fixed``."""
         if strength >= 1.0:
             return x
         x0 = self.embedding(ids).to(x.dtype)
         noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
         tt = torch.full((x.shape[0],), strength, device=x.device, dtype=x.dtype)
-        return torch.where(editable[..., None], self.corrupt(x0, tt, noise), x)
+        return torch.where((editable & seeded)[..., None], self.corrupt(x0, tt, noise), x)
 
     def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
         """Holds the non-editable positions of ``ids`` (B, L) at their ground truth: the network

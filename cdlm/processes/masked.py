@@ -128,6 +128,11 @@ class MaskedProcess(TokenProcess):
         self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
         self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # Models saved before the batch count existed load with a count of 0.
+        state_dict.setdefault(prefix + "step", torch.zeros((), dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @property
     def canvas_id(self) -> int:
         return self.mask_id
@@ -178,7 +183,13 @@ class MaskedProcess(TokenProcess):
             visibility = min(1.0, (step - self.ar_steps) / self.anneal_steps)
         else:
             visibility = 1.0
-        denoiser.network.future_visibility = visibility
+        network = denoiser.network
+        if not hasattr(network, "future_visibility"):
+            raise ValueError(
+                f"ar_steps/anneal_steps need a cdlm Transformer (attention annealing); got "
+                f"{type(network).__name__}"
+            )
+        network.future_visibility = visibility
         return step < self.ar_steps
 
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
@@ -191,13 +202,15 @@ class MaskedProcess(TokenProcess):
             nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
             return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
         if self.training:
-            t = self.t_min + (1.0 - self.t_min) * self.time_sampler(n, tokens.device)
+            u = self.time_sampler(n, tokens.device)
+            t = self.t_min + (1.0 - self.t_min) * u
         else:
             t = self.sample_t(n, tokens.device)
         z, masked = self.corrupt(tokens, t)
         integrand, per_masked = self._elbo_terms(denoiser, tokens, t, z, masked)
         if self.training:
-            self.time_sampler.observe(t, per_masked)
+            seen = masked.any(-1)  # a row without masks says nothing about its level
+            self.time_sampler.observe(u[seen], per_masked[seen])
         nats = integrand.mean()
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
 
@@ -219,16 +232,26 @@ class MaskedProcess(TokenProcess):
         baseline = None if log_prior is None else log_prior.float().expand_as(logits)
         return level_metrics(logits, tokens[masked], baseline)
 
-    def start(self, x: Tensor, ids: Tensor, editable: Tensor, strength: float, generator) -> Tensor:
+    def start(
+        self,
+        x: Tensor,
+        ids: Tensor,
+        editable: Tensor,
+        seeded: Tensor,
+        strength: float,
+        generator,
+    ) -> Tensor:
         """The starting canvas: the fixed tokens of ``ids`` (B, L), never masked, and the
-        editable positions masked (all of them at strength 1; with strength < 1, editing, each
-        with probability 1 - keep(strength), the rest keep their current token)."""
-        if strength >= 1.0:
-            masked = editable
-        else:
+        editable positions masked; with strength < 1 (editing) each ``seeded`` editable position
+        (text to edit, not a blank) is masked with probability 1 - keep(strength) and otherwise
+        keeps its token."""
+        if ((ids == self.mask_id) & ~editable).any():
+            raise ValueError("a fixed region contains the [MASK] token itself; remove it")
+        masked = editable
+        if strength < 1.0:
             u = torch.rand(ids.shape, device=ids.device, generator=generator)
             keep = self.schedule.keep(torch.tensor(strength, device=ids.device))
-            masked = editable & (u >= keep)
+            masked = editable & ~(seeded & (u < keep))
         return torch.where(masked, self.mask_id, ids)
 
     def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:

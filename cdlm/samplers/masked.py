@@ -148,7 +148,8 @@ def _loop(
     grid = (
         timesteps
         if len(blocks) == 1
-        else torch.linspace(1.0, 0.0, per_block + 1, dtype=torch.float64)
+        # each block walks the same span of time as the whole grid (t < 1 when editing)
+        else torch.linspace(float(timesteps[0]), 0.0, per_block + 1, dtype=torch.float64)
     )
     nfe, i, pred, seen = 0, 0, None, None
     for a, b in blocks:
@@ -169,7 +170,10 @@ def _loop(
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
-        if b < length and _finished(x, b, eos_id, mask_id):
+        # Stop early only if nothing after this block is decided (a fixed region there must
+        # still get its blanks sampled, not filled with EOS).
+        rest_open = bool((x[:, b:] == mask_id).all())
+        if b < length and rest_open and _finished(x, b, eos_id, mask_id):
             x = x.masked_fill(x == mask_id, eos_id)
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=nfe * length)

@@ -29,6 +29,11 @@ def warmup_cosine(
     """Linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio`` of the peak at
     ``total_steps``. Both are in optimizer steps, so a short budget gets a short schedule;
     ``warmup_steps`` < 1 is a fraction of ``total_steps``."""
+    if total_steps is None or total_steps < 1:
+        raise ValueError(
+            f"warmup_cosine needs a step budget (trainer.max_steps >= 1), got {total_steps}; "
+            "for a time budget use lr_scheduler=wallclock_cosine"
+        )
     warmup = max(1, round(warmup_steps * total_steps if warmup_steps < 1 else warmup_steps))
 
     def factor(step: int) -> float:
@@ -63,6 +68,8 @@ def wallclock_cosine(
     instead of a step count: under a fixed time budget every process, whatever its speed, gets a
     complete schedule that ends when training is stopped. ``warmup`` is a share of the budget.
     The clock starts when the optimizer is configured (the start of fit)."""
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup is a share of the budget in [0, 1), got {warmup}")
     seconds = parse_duration(budget)
     if seconds <= 0:
         raise ValueError(f"budget must be > 0 seconds, got {budget!r}")
@@ -71,7 +78,7 @@ def wallclock_cosine(
     def factor(step: int) -> float:
         progress = (clock() - start) / seconds
         if progress < warmup:
-            return max(progress, 1e-3) / warmup
+            return max(progress, 1e-3) / warmup  # warmup > 0 here
         return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -147,6 +154,14 @@ class DiffusionLM(L.LightningModule):
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
+        if getattr(self.scheduler_factory, "func", None) is wallclock_cosine and (
+            self.trainer.world_size > 1
+        ):
+            # Each process would read its own clock: learning rates, then replicas, would drift.
+            raise ValueError(
+                "lr_scheduler=wallclock_cosine is for single-process runs; with several devices "
+                "use lr_scheduler=warmup_cosine and a step budget (trainer.max_steps)"
+            )
         scheduler = self.scheduler_factory(optimizer)
         return {
             "optimizer": optimizer,
