@@ -22,6 +22,11 @@ class Prediction:
     x0: Tensor | None = None
 
 
+def per_position(v: Tensor) -> Tensor:
+    """A noise-level quantity per sequence (B,) or per token (B, L), shaped to scale (B, L, D)."""
+    return v[:, None, None] if v.dim() == 1 else v[..., None]
+
+
 def full_precision(x: Tensor) -> Tensor:
     """Upcasts bf16/fp16 network outputs (under autocast) for softmax and losses; keeps float64."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
@@ -31,6 +36,18 @@ class Denoiser(Protocol):
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, *, label=None
     ) -> Prediction: ...
+
+
+class Wrapper:
+    """Base of denoiser wrappers that add behaviour to ``self.denoiser``: any other attribute
+    (e.g. the AR sampler's ``network`` and ``shift``) is the wrapped denoiser's."""
+
+    denoiser: Denoiser
+
+    def __getattr__(self, name: str):
+        if name == "denoiser" or name.startswith("__"):  # not yet set (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.denoiser, name)
 
 
 class EmbeddingDenoiser:
@@ -68,13 +85,16 @@ class EmbeddingDenoiser:
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
     ) -> Prediction:
-        out = self.network(x_t, t, self_cond, label=label)
+        # Per-token noise levels (B, L) condition the network through their sequence mean; the
+        # readout skip uses each token's own level.
+        t_seq = t if t.dim() == 1 else t.mean(-1)
+        out = self.network(x_t, t_seq, self_cond, label=label)
         if self.predicts_logits:
             logits = out.float()
             if self.readout_skip is not None:
                 tt = t.float()
                 gain = self.readout_skip.alpha(tt) / self.readout_skip.sigma(tt) ** 2
-                logits = logits + gain[:, None, None] * self.embedding.logits(x_t)
+                logits = logits + per_position(gain) * self.embedding.logits(x_t)
             logits = logits / self.temperature
             x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
             return Prediction(x0=x0.to(x_t.dtype), logits=logits)

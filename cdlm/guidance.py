@@ -10,25 +10,20 @@ the x0 estimate (gaussian). It is itself a denoiser, so samplers know nothing of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser, Prediction
+from cdlm.denoiser import Denoiser, Prediction, Wrapper
 
 NO_LABEL = -1
 
 
-class WithLabel:
-    """Binds a label per sequence (B,) to a denoiser; other attributes pass through (the AR
-    sampler reads ``network`` and ``shift``)."""
+class WithLabel(Wrapper):
+    """Binds a label per sequence (B,) to a denoiser."""
 
     def __init__(self, denoiser: Denoiser, label: Tensor) -> None:
         self.denoiser, self.label = denoiser, label
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.denoiser, name)
 
     def __call__(self, x: Tensor, *args, **kwargs) -> Prediction:
         return self.denoiser(x, *args, label=self.label, **kwargs)
@@ -48,7 +43,7 @@ def _mix(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
     return torch.where(finite, mixed, cond)
 
 
-class Guided:
+class Guided(Wrapper):
     """Classifier-free guidance at scale w for one label per sequence.
 
     w = 0 is the unconditional model and w = 1 the conditional one (each one network pass, so
@@ -62,9 +57,6 @@ class Guided:
             raise ValueError(f"guidance scale must be >= 0, got {scale}")
         self.denoiser, self.label, self.scale = denoiser, label, float(scale)
         self.passes = 1 if self.scale in (0.0, 1.0) else 2
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.denoiser, name)
 
     def __call__(self, x: Tensor, t: Tensor | None = None, self_cond: Tensor | None = None, **kw):
         if self.passes == 1:

@@ -45,6 +45,8 @@ RECIPES: dict[str, list[tuple[float, list[str]]]] = {
     "autoregressive": [(1.0, ["process=autoregressive"])],
     "masked": [(1.0, ["process=masked"])],
     "gaussian": [(1.0, ["process=gaussian"])],
+    # per-token noise levels on half the sequences (process.token_noise), the rest as above
+    "gaussian_token_noise": [(1.0, ["process=gaussian", "process.token_noise=0.5"])],
 }
 # name -> [(label, sampler config, options, steps, gaussian x0 temperature)]; the first is the
 # recipe's headline (the process's default sampler, chosen before any result was seen).
@@ -60,6 +62,7 @@ SAMPLERS: dict[str, list[tuple[str, str, dict, int, float]]] = {
         ("ddpm, x0 temperature 0.7", "ddpm", {}, 128, 0.7),
     ],
 }
+SAMPLERS["gaussian_token_noise"] = SAMPLERS["gaussian"]
 
 
 def duration(seconds: float) -> str:
@@ -133,7 +136,7 @@ def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
                 "label": label,
                 "steps": steps,
                 "quality": report["quality"]["samples"],
-                "sampling_seconds": report["speed"]["wall_seconds"]["median"],
+                "sampling_seconds": report["speed"]["steady"]["wall_seconds"]["median"],
                 "examples": report["samples"][:3],
             }
         )
@@ -217,6 +220,7 @@ def main() -> None:
     parser.add_argument("--out", default="docs/budget")
     parser.add_argument("--runs", default="outputs/budget")
     parser.add_argument("--skip-training", action="store_true", help="evaluate existing runs")
+    parser.add_argument("--train-only", action="store_true", help="train, evaluate later")
     parser.add_argument("--train-override", action="append", default=[])
     args = parser.parse_args()
     names = args.recipes.split(",")
@@ -232,6 +236,8 @@ def main() -> None:
             trained[name] = {"ckpt": str(last / "model.safetensors"), "stages": stages}
         else:
             trained[name] = train(name, runs, args.minutes * 60, args.train_override)
+    if args.train_only:
+        return
     scorer = load_scorer()
     report = {
         "minutes": args.minutes,

@@ -183,3 +183,26 @@ def test_lr_schedules_refuse_a_missing_budget():
         wallclock_cosine(opt, None)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         wallclock_cosine(opt, 60.0, warmup=1.0)
+
+
+def test_token_noise_gives_each_token_its_own_level_in_training_only():
+    torch.manual_seed(0)
+    proc = GaussianProcess(30, embed_dim=8, readout_skip=True, token_noise=1.0, self_cond_prob=0)
+    x0 = torch.randn(2, 5, 8)
+    t = torch.tensor([[0.0, 0.5, 1.0, 0.5, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    noise = torch.randn(2, 5, 8)
+    out = proc.corrupt(x0, t, noise)
+    a, s = proc.schedule.alpha(t[0, 2]), proc.schedule.sigma(t[0, 2])
+    torch.testing.assert_close(out[0, 2], a * x0[0, 2] + s * noise[0, 2])
+    torch.testing.assert_close(out[1], proc.corrupt(x0[1:], t[1, :1], noise[1:])[0])
+    net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=8)
+    levels = []
+    real = proc.corrupt
+    proc.corrupt = lambda x0, t, noise: levels.append(t) or real(x0, t, noise)
+    tokens = torch.randint(0, 30, (64, 8))
+    proc.train().loss(proc.make_denoiser(net), tokens)
+    assert levels[-1].shape == (64, 8) and (levels[-1].std(-1) > 0.1).all()
+    proc.eval().loss(proc.make_denoiser(net), tokens)
+    assert levels[-1].shape == (64,)  # validation: one level per sequence
+    with pytest.raises(ValueError, match="readout_skip"):
+        GaussianProcess(30, token_noise=0.5)

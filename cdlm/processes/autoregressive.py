@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Prediction, full_precision
+from cdlm.denoiser import Prediction, Wrapper, full_precision
 from cdlm.processes.base import LossOutput, TokenProcess
 
 
@@ -88,15 +88,12 @@ class AutoregressiveProcess(TokenProcess):
         return ForcePrefix(denoiser, ids, fixed)
 
 
-class ForcePrefix:
+class ForcePrefix(Wrapper):
     """Makes the next-token distribution a point mass on the given token at fixed positions, so
     that any AR sampler reproduces the prompt (teacher forcing through the denoiser)."""
 
     def __init__(self, denoiser, ids: Tensor, fixed: Tensor) -> None:
         self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
-
-    def __getattr__(self, name: str):
-        return getattr(self.denoiser, name)
 
     def __call__(self, tokens: Tensor, t=None, self_cond=None, cache=None, **kw) -> Prediction:
         done = cache[0].length if cache else 0

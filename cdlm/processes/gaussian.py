@@ -27,6 +27,7 @@ from cdlm.denoiser import (
     EmbeddingDenoiser,
     Prediction,
     SelfConditioned,
+    per_position,
 )
 from cdlm.processes.base import LevelMetrics, LossOutput, level_metrics
 from cdlm.schedules import CosineSchedule, Schedule
@@ -106,6 +107,10 @@ class GaussianProcess(nn.Module):
             uniform). Validation always draws stratified uniform t.
         readout_skip: add the no-context Bayes readout of x_t to the network's logits
             (``ce`` objective only; see ``EmbeddingDenoiser``).
+        token_noise: share of training sequences whose tokens each draw their own noise level
+            t ~ U(0, 1) instead of sharing one: some tokens hidden beside readable ones, as in
+            masked diffusion, which is where using context pays (needs ``readout_skip``, which
+            tells the network each token's own level).
     """
 
     kind = "gaussian"
@@ -121,6 +126,7 @@ class GaussianProcess(nn.Module):
         self_cond_prob: float = 0.5,
         time_sampler: TimeSampler | None = None,
         readout_skip: bool = False,
+        token_noise: float = 0.0,
     ) -> None:
         super().__init__()
         if readout_skip and objective != "ce":
@@ -137,7 +143,11 @@ class GaussianProcess(nn.Module):
         self.objective, self.self_cond_prob = objective, self_cond_prob
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
-        self.readout_skip = readout_skip
+        if not 0.0 <= token_noise <= 1.0:
+            raise ValueError(f"token_noise must be in [0, 1], got {token_noise}")
+        if token_noise > 0 and not readout_skip:
+            raise ValueError("token_noise > 0 needs readout_skip=true (per-token levels)")
+        self.readout_skip, self.token_noise = readout_skip, token_noise
 
     @property
     def network_kwargs(self) -> dict:
@@ -188,9 +198,9 @@ class GaussianProcess(nn.Module):
         return HoldFixed(denoiser, self.schedule, ids, ~editable, x0, noise)
 
     def corrupt(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
-        """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,)."""
+        """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,) or per token (B, L)."""
         alpha, sigma = self.schedule.alpha(t), self.schedule.sigma(t)
-        return alpha[:, None, None] * x0 + sigma[:, None, None] * noise
+        return per_position(alpha) * x0 + per_position(sigma) * noise
 
     def prior(
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
@@ -215,6 +225,13 @@ class GaussianProcess(nn.Module):
             if self.training
             else stratified_times(n, tokens.device)
         )
+        per_token = torch.zeros(n, dtype=torch.bool, device=tokens.device)
+        if self.training and self.token_noise > 0:
+            # These rows draw one level per token: hidden tokens beside readable ones, the
+            # situation that teaches a masked model to use context.
+            per_token = torch.rand(n, device=tokens.device) < self.token_noise
+            own = torch.rand(tokens.shape, device=tokens.device)
+            t = torch.where(per_token[:, None], own, t[:, None].expand_as(own))
         x0 = self.embedding(tokens)
         x_t = self.corrupt(x0, t, torch.randn_like(x0))
         self_cond = self.training and random.random() < self.self_cond_prob
@@ -223,7 +240,9 @@ class GaussianProcess(nn.Module):
             pred.logits.float().flatten(0, 1), tokens.flatten(), reduction="none"
         ).view_as(tokens)
         if self.training:
-            self.time_sampler.observe(t, token_ce.mean(-1))
+            shared = ~per_token
+            level = t if t.dim() == 1 else t[:, 0]
+            self.time_sampler.observe(level[shared], token_ce.mean(-1)[shared])
         ce = token_ce.mean()
         if self.objective == "ce":
             return LossOutput(ce, {"ce": ce.detach()})
