@@ -89,7 +89,7 @@ def generate(
     the final logits, or the ``nearest`` embedding of the final
     state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM);
     ``temperature`` sharpens (< 1) the softmax behind each x0 estimate (gaussian only).
-    ``guidance``: a label and classifier-free guidance scale. ``canvas``: from
+    ``guidance``: a label (or one per sample) and classifier-free guidance scale. ``canvas``: from
     ``cdlm.regions.build_canvas``, ``seq_len`` positions: the process holds the non-editable ones
     fixed; ``strength`` < 1 starts the editable text spans from their ids noised (or masked) to
     t = strength (editing) instead of from the prior.
@@ -119,7 +119,7 @@ def generate(
         for first in range(0, num_samples, batch_size):
             n = min(batch_size, num_samples - first)
             x = process.prior((n, seq_len), device, generator)
-            condition = partial(guidance.wrap, batch=n, device=device)
+            condition = partial(guidance.wrap, batch=n, device=device, first=first)
             if canvas is not None:
                 ids = torch.tensor(canvas.ids, device=device).expand(n, -1)
                 editable = torch.tensor(canvas.editable, device=device).expand(n, -1)

@@ -80,13 +80,18 @@ class Guided(Wrapper):
 
 @dataclass
 class Guidance:
-    """What to condition on at sampling: a label index (None: unconditional) and a scale."""
+    """What to condition on at sampling: a label index for every sample, or one per sample
+    (a list as long as the samples drawn), or None (unconditional); and the scale."""
 
-    label: int | None = None
+    label: int | list[int] | None = None
     scale: float = 1.0
 
-    def wrap(self, denoiser: Denoiser, batch: int, device: torch.device) -> Denoiser:
+    def wrap(self, denoiser: Denoiser, batch: int, device: torch.device, first: int = 0):
+        """The guided denoiser for samples ``first`` to ``first + batch``."""
         if self.label is None:
             return denoiser
-        label = torch.full((batch,), self.label, dtype=torch.long, device=device)
+        if isinstance(self.label, int):
+            label = torch.full((batch,), self.label, dtype=torch.long, device=device)
+        else:
+            label = torch.tensor(self.label[first : first + batch], device=device)
         return Guided(denoiser, label, self.scale)

@@ -62,7 +62,7 @@ SAMPLERS: dict[str, list[tuple[str, str, dict, int, float]]] = {
         ("ddpm, x0 temperature 0.7", "ddpm", {}, 128, 0.7),
     ],
 }
-SAMPLERS["gaussian_token_noise"] = SAMPLERS["gaussian"]
+SAMPLERS["gaussian_token_noise"] = SAMPLERS["gaussian"][:1]
 
 
 def duration(seconds: float) -> str:

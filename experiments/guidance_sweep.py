@@ -62,24 +62,23 @@ def sweep(ckpt: str, scales: list[float], per_label: int, steps: int, judge, nam
     sampler = default_sampler(model.process)
     rows = []
     for w in scales:
-        texts, truth, tokens, nfe, seconds = [], [], [], 0, 0.0
-        for index, label in enumerate(labels):
-            gen = generate(
-                model.process,
-                model.network,
-                model.tokenizer,
-                sampler,
-                steps=steps,
-                num_samples=per_label,
-                seq_len=model.config["seq_len"],
-                seed=index,  # the same prior draws at every scale
-                cut_at_eos=False,
-                guidance=Guidance(label=index, scale=w),
-            )
-            texts += [s.text for s in gen.samples]
-            tokens += [s.token_ids for s in gen.samples]
-            truth += [label] * per_label
-            nfe, seconds = gen.nfe, seconds + gen.wall_seconds
+        # every label in one batch, ``per_label`` samples each; the same seed at every scale
+        truth = [label for label in labels for _ in range(per_label)]
+        gen = generate(
+            model.process,
+            model.network,
+            model.tokenizer,
+            sampler,
+            steps=steps,
+            num_samples=len(truth),
+            seq_len=model.config["seq_len"],
+            seed=0,
+            cut_at_eos=False,
+            guidance=Guidance(label=[labels.index(y) for y in truth], scale=w),
+        )
+        texts = [s.text for s in gen.samples]
+        tokens = [s.token_ids for s in gen.samples]
+        nfe, seconds = gen.nfe, gen.wall_seconds
         predicted = judge.predict(texts)
         votes = [name_votes(t, names) for t in texts]
         rows.append(

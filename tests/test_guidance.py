@@ -164,3 +164,10 @@ def test_two_pass_mix_at_scale_1_matches_the_conditional_pass():
     finite = torch.isfinite(plain)
     assert torch.equal(finite, torch.isfinite(mixed))
     torch.testing.assert_close(mixed[finite], plain[finite], atol=1e-5, rtol=1e-5)
+
+
+def test_one_label_per_sample_is_sliced_per_batch():
+    g = Guidance(label=[0, 2, 1, 1], scale=2.0)
+    wrapped = g.wrap(LabelEcho(), batch=2, device=torch.device("cpu"), first=2)
+    assert wrapped.label.tolist() == [1, 1]
+    assert Guidance(label=None).wrap(stub := LabelEcho(), 2, torch.device("cpu")) is stub
