@@ -129,13 +129,13 @@ class GaussianProcess(nn.Module):
         token_noise: float = 0.0,
     ) -> None:
         super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
         if readout_skip and objective != "ce":
             raise ValueError(
                 "readout_skip needs objective=ce (it adds to the logits); with objective=mse set "
                 "process.readout_skip=false"
             )
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
         if not 0.0 <= self_cond_prob <= 1.0:
             raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
         self.vocab_size, self.embed_dim = vocab_size, embed_dim
