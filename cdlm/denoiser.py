@@ -32,6 +32,15 @@ def full_precision(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def readout_evidence(embedding: nn.Module, schedule: nn.Module, x_t: Tensor, t: Tensor) -> Tensor:
+    """(B, L, V) fp32 log-likelihood of each token given only its own noisy embedding x_t,
+    alpha(t) / sigma(t)^2 <x_t, e_v> (exact up to a constant per position: rows share one
+    norm); t: (B,) or per token (B, L)."""
+    tt = t.float()
+    gain = schedule.alpha(tt) / schedule.sigma(tt) ** 2
+    return per_position(gain) * embedding.logits(x_t)
+
+
 class Denoiser(Protocol):
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, *, label=None
@@ -58,12 +67,21 @@ class EmbeddingDenoiser:
     nearest-embedding readout of that x0. A plain callable, not a module: it owns no parameters,
     so wrapping never registers the network's weights twice.
 
-    With ``readout_skip`` (a schedule; logits only) the network's logits are added to the
-    no-context Bayes readout of x_t, alpha(t) / sigma(t)^2 <x_t, e_v>: the exact log-likelihood
-    of each token given only its own noisy embedding (rows share one norm). Like the skip
-    connection of EDM's preconditioning (Karras et al. 2022, Sec. 5), it gives the network the
-    part of the answer that needs no context for free, so that training signal goes to context
-    from the first step instead of to re-learning the embedding readout.
+    Both options below use the no-context evidence of x_t (``readout_evidence``), hence the
+    ``schedule``.
+
+    With ``readout_skip`` (logits only) the network's logits are added to that evidence. Like the
+    skip connection of EDM's preconditioning (Karras et al. 2022, Sec. 5), it gives the network
+    the part of the answer that needs no context for free, so that training signal goes to
+    context from the first step instead of to re-learning the embedding readout.
+
+    With ``posterior_input`` the network reads, at each position, the posterior over tokens that
+    the evidence gives (uniform prior) instead of x_t: a distribution over ids, embedded as its
+    expected input embedding. This is the input of Bayesian Flow Networks (Graves et al. 2023):
+    a readable token looks like a clean token and a hidden one like a soft [MASK], so the network
+    faces a masked-LM-like task, and an AR network's weights apply unchanged. ``shift_from`` (a
+    BOS id) then reads position i's prediction from output i - 1, as Dream's shifted masked
+    prediction does.
 
     ``temperature`` (sampling only) divides the logits before the x0 estimate is formed: below 1
     the estimate moves from the posterior mean embedding towards the most likely token's.
@@ -74,27 +92,47 @@ class EmbeddingDenoiser:
         network: nn.Module,
         embedding: nn.Module,
         predicts_logits: bool,
-        readout_skip: nn.Module | None = None,
+        schedule: nn.Module | None = None,
+        readout_skip: bool = False,
+        posterior_input: bool = False,
+        shift_from: int | None = None,
         temperature: float = 1.0,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if (readout_skip or posterior_input) and schedule is None:
+            raise ValueError("readout_skip and posterior_input need the noise schedule")
+        if shift_from is not None and not posterior_input:
+            raise ValueError("shifted prediction needs posterior_input (token-like input)")
         self.network, self.embedding, self.predicts_logits = network, embedding, predicts_logits
-        self.readout_skip, self.temperature = readout_skip, temperature
+        self.schedule, self.readout_skip, self.posterior_input = (
+            schedule,
+            readout_skip,
+            posterior_input,
+        )
+        self.shift_from, self.temperature = shift_from, temperature
 
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, label: Tensor | None = None
     ) -> Prediction:
         # Per-token noise levels (B, L) condition the network through their sequence mean; the
-        # readout skip uses each token's own level.
+        # evidence uses each token's own level.
         t_seq = t if t.dim() == 1 else t.mean(-1)
-        out = self.network(x_t, t_seq, self_cond, label=label)
+        evidence = None
+        if self.readout_skip or self.posterior_input:
+            evidence = readout_evidence(self.embedding, self.schedule, x_t, t)
+        inputs = torch.softmax(evidence, dim=-1) if self.posterior_input else x_t
+        if self.shift_from is not None:
+            bos = torch.zeros_like(inputs[:, :1])
+            bos[..., self.shift_from] = 1.0
+            inputs = torch.cat([bos, inputs], dim=1)
+        out = self.network(inputs, t_seq, self_cond, label=label)
+        if self.shift_from is not None:
+            out = out[:, :-1]
         if self.predicts_logits:
             logits = out.float()
-            if self.readout_skip is not None:
-                tt = t.float()
-                gain = self.readout_skip.alpha(tt) / self.readout_skip.sigma(tt) ** 2
-                logits = logits + per_position(gain) * self.embedding.logits(x_t)
+            if self.readout_skip:
+                logits = logits + evidence
             logits = logits / self.temperature
             x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
             return Prediction(x0=x0.to(x_t.dtype), logits=logits)

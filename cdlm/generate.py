@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-from cdlm import config_dir
+from cdlm import config_dir, rng
 from cdlm.guidance import Guidance
 from cdlm.regions import Canvas
 from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
@@ -107,7 +107,7 @@ def generate(
         raise ValueError(f"the canvas has {len(canvas.ids)} positions, seq_len is {seq_len}")
     check_compatible(sampler, process.kind)
     device = next(network.parameters()).device
-    generator = torch.Generator(device).manual_seed(seed)
+    generator = rng.generator(seed, device)
     timesteps = make_grid(grid, steps, getattr(process, "schedule", None), device) * strength
     guidance = guidance or Guidance()
     passes = 2 if guidance.label is not None and guidance.scale not in (0.0, 1.0) else 1

@@ -170,7 +170,7 @@ def test_a_step_budget_shorter_than_the_ar_phase_is_refused(tmp_path):
     result = run_cli("cdlm-train", "process=masked", "trainer.max_steps=100", cwd=tmp_path)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-    assert "leave no masked training" in lines[0] and "process.ar_steps=0" in lines[0]
+    assert "leave no diffusion training" in lines[0] and "process.ar_steps=0" in lines[0]
 
 
 def test_lr_schedules_refuse_a_missing_budget():

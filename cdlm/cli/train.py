@@ -29,9 +29,9 @@ def validate(cfg: DictConfig) -> None:
     warm = cfg.process.get("ar_steps", 0) + cfg.process.get("anneal_steps", 0)
     require(
         not (steps and steps > 0 and warm >= steps),
-        f"process.ar_steps + process.anneal_steps = {warm} leave no masked training in "
+        f"process.ar_steps + process.anneal_steps = {warm} leave no diffusion training in "
         f"trainer.max_steps={steps}; lower them (process.ar_steps=0 process.anneal_steps=0 "
-        "trains the masked objective from the first step)",
+        "trains the diffusion objective from the first step)",
     )
 
 

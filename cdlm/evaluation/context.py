@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from cdlm.checkpoint import Model
+from cdlm.rng import generator as generator_for
 
 
 @torch.no_grad()
@@ -20,30 +21,46 @@ def context_use(
     times: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
     batch_size: int = 32,
     seed: int = 0,
+    transition: torch.Tensor | None = None,
 ) -> list[dict]:
     """Per noise level t: model and no-context accuracy and CE (nats) over ``tokens`` (N, L),
-    and their ratio ``context_gain`` = accuracy / no-context accuracy."""
+    and their ratio ``context_gain`` = accuracy / no-context accuracy; with a bigram
+    ``transition`` (``cdlm.evaluation.oracle``), also the exact bigram denoiser's
+    (``oracle_acc``, ``oracle_ce``, ``oracle_gain``): what context can add at that level."""
     device = next(model.network.parameters()).device
     denoiser = model.process.make_denoiser(model.network)
     rows = []
     for t in times:
-        generator = torch.Generator(device).manual_seed(seed)
+        generator = generator_for(seed, device)
         sums = {"acc": 0.0, "base_acc": 0.0, "ce": 0.0, "base_ce": 0.0}
+        if transition is not None:
+            sums |= {"oracle_acc": 0.0, "oracle_ce": 0.0}
         count = 0
         for batch in tokens.split(batch_size):
             m = model.process.evaluate_at(
-                denoiser, batch.to(device), t, generator, log_prior.to(device)
+                denoiser,
+                batch.to(device),
+                t,
+                generator,
+                log_prior.to(device),
+                None if transition is None else transition.to(device),
             )
             values = {
                 "acc": m.acc,
                 "base_acc": m.baseline_acc,
                 "ce": m.ce,
                 "base_ce": m.baseline_ce,
+                "oracle_acc": m.oracle_acc,
+                "oracle_ce": m.oracle_ce,
             }
-            for key, value in values.items():
+            for key in sums:
+                value = values[key]
                 sums[key] += float(value) * m.count  # weighted by positions scored
             count += m.count
         means = {key: total / max(count, 1) for key, total in sums.items()}
-        gain = means["acc"] / max(means["base_acc"], 1e-9)
-        rows.append({"t": t, **means, "positions": count, "context_gain": gain})
+        base = max(means["base_acc"], 1e-9)
+        row = {"t": t, **means, "positions": count, "context_gain": means["acc"] / base}
+        if transition is not None:
+            row["oracle_gain"] = means["oracle_acc"] / base
+        rows.append(row)
     return rows

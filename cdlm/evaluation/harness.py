@@ -16,6 +16,7 @@ from cdlm.evaluation.speed import measure
 from cdlm.generate import decode, default_sampler
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
+from cdlm.rng import mixed_seed
 
 
 @torch.no_grad()
@@ -30,7 +31,7 @@ def val_bits_per_token(model: Model, tokens: torch.Tensor, seed: int, batch_size
             "terms": result["bits_per_token"],
             "sequences": result["sequences"],
         }
-    torch.manual_seed(seed)
+    torch.manual_seed(mixed_seed(seed))
     device = next(model.network.parameters()).device
     den = model.process.make_denoiser(model.network)
     nats = sum(

@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import torch
 
+from cdlm import rng
 from cdlm.checkpoint import Model
 from cdlm.data import TextDataModule
 from cdlm.likelihood.terms import likelihood_denoiser
@@ -51,7 +52,7 @@ def evaluate(
     """Runs ``metric(denoiser, process, tokens, generator=...)`` (``elbo`` or ``ode_nll``) on the
     first ``num_batches`` batches (None: all) and averages every term over sequences."""
     device = next(model.network.parameters()).device
-    generator = torch.Generator(device).manual_seed(seed)
+    generator = rng.generator(seed, device)
     denoiser = likelihood_denoiser(model.process, model.network)
     batches = list(torch.split(tokens, batch_size))[:num_batches]
     sums: dict[str, float] = {}

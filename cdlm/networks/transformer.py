@@ -120,7 +120,8 @@ class Transformer(nn.Module):
     Args:
         in_dim: width of each input vector (e.g. the diffusion embedding dimension); or
         in_vocab: number of input token ids (e.g. the vocabulary with its [MASK] token), for
-            token input. Exactly one of the two is given.
+            token input: (B, L) ids, or (B, L, in_vocab) distributions over ids ("soft tokens",
+            embedded as their expected embedding). Exactly one of the two is given.
         out_dim: width of each output vector (e.g. the vocabulary size, for logits).
         d_model, n_layers, n_heads, mlp_ratio, dropout: the usual Transformer sizes.
         max_seq_len: longest sequence the rotary tables cover.
@@ -204,7 +205,7 @@ class Transformer(nn.Module):
         cache: list[LayerCache] | None = None,
         label: Tensor | None = None,
     ) -> Tensor:
-        """x: (B, L, in_dim) vectors or (B, L) ids; t: (B,) noise level in [0, 1];
+        """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,) noise level in [0, 1];
         self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
         a first call it takes one new position per call); label: (B,) class ids, -1 (or None)
         for none."""
@@ -218,7 +219,10 @@ class Transformer(nn.Module):
             raise ValueError("after the first cached call, feed one new position per call")
         if self.self_condition:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
-        h = self.in_proj(x)
+        if isinstance(self.in_proj, nn.Embedding) and x.is_floating_point():
+            h = x.to(self.in_proj.weight.dtype) @ self.in_proj.weight  # soft tokens
+        else:
+            h = self.in_proj(x)
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
         if self.num_classes > 0:
             if label is None:

@@ -32,11 +32,17 @@ class LevelMetrics:
     # context exactly where it beats this.
     baseline_ce: Tensor | None = None
     baseline_acc: Tensor | None = None
-    count: int = 0  # positions scored (masked ones only, for masked diffusion)
+    count: int = 0
+    # The same for the exact denoiser of a bigram LM (``cdlm.evaluation.oracle``), if asked for.
+    oracle_ce: Tensor | None = None
+    oracle_acc: Tensor | None = None  # positions scored (masked ones only, for masked diffusion)
 
 
-def level_metrics(logits: Tensor, target: Tensor, baseline: Tensor | None) -> LevelMetrics:
-    """CE and accuracy of (N, V) ``logits`` on (N,) ``target``, and of ``baseline`` logits."""
+def level_metrics(
+    logits: Tensor, target: Tensor, baseline: Tensor | None, oracle: Tensor | None = None
+) -> LevelMetrics:
+    """CE and accuracy of (N, V) ``logits`` on (N,) ``target``, and of ``baseline`` and
+    ``oracle`` logits."""
     if target.numel() == 0:
         zero = torch.zeros(())
         none = None if baseline is None else zero
@@ -51,7 +57,52 @@ def level_metrics(logits: Tensor, target: Tensor, baseline: Tensor | None) -> Le
     if baseline is None:
         return LevelMetrics(ce=ce, acc=acc, count=n)
     b_ce, b_acc = ce_acc(baseline)
-    return LevelMetrics(ce=ce, acc=acc, baseline_ce=b_ce, baseline_acc=b_acc, count=n)
+    o_ce, o_acc = ce_acc(oracle) if oracle is not None else (None, None)
+    return LevelMetrics(ce, acc, b_ce, b_acc, n, o_ce, o_acc)
+
+
+class AttentionPhases:
+    """AR pre-training inside a diffusion run, then attention annealed from causal to full
+    (DiffuLLaMA, Gong et al. 2025; Dream, Ye et al. 2025). A mixin for process modules: the
+    batch count is a buffer, so a resumed or exported model knows its phase."""
+
+    ar_steps: int
+    anneal_steps: int
+
+    def _init_phases(self, ar_steps: int, anneal_steps: int) -> None:
+        if ar_steps < 0 or anneal_steps < 0:
+            raise ValueError(
+                f"ar_steps and anneal_steps must be >= 0, got {ar_steps}, {anneal_steps}"
+            )
+        self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # Models saved before the batch count existed load with a count of 0.
+        state_dict.setdefault(prefix + "step", torch.zeros((), dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _training_phase(self, denoiser) -> bool:
+        """Advances the batch count and sets the network's share of visible future keys;
+        True while in the AR phase."""
+        self.step += 1
+        if not (self.ar_steps or self.anneal_steps):
+            return False  # no host sync on the common path
+        step = int(self.step) - 1
+        if step < self.ar_steps:
+            visibility = 0.0
+        elif self.anneal_steps:
+            visibility = min(1.0, (step - self.ar_steps) / self.anneal_steps)
+        else:
+            visibility = 1.0
+        network = getattr(denoiser, "network", None)
+        if not hasattr(network, "future_visibility"):
+            raise ValueError(
+                f"ar_steps/anneal_steps need a cdlm Transformer (attention annealing); got "
+                f"{type(network).__name__}"
+            )
+        network.future_visibility = visibility
+        return step < self.ar_steps
 
 
 class TokenProcess(nn.Module):

@@ -28,8 +28,10 @@ from cdlm.denoiser import (
     Prediction,
     SelfConditioned,
     per_position,
+    readout_evidence,
 )
-from cdlm.processes.base import LevelMetrics, LossOutput, level_metrics
+from cdlm.evaluation.oracle import markov_marginals
+from cdlm.processes.base import AttentionPhases, LevelMetrics, LossOutput, level_metrics
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 
@@ -92,7 +94,7 @@ class HoldFixed:
         return Prediction(logits=torch.where(self.fixed, onehot, pred.logits), x0=x0)
 
 
-class GaussianProcess(nn.Module):
+class GaussianProcess(AttentionPhases, nn.Module):
     """Continuous-time VP diffusion over normalised token embeddings.
 
     Args:
@@ -109,8 +111,17 @@ class GaussianProcess(nn.Module):
             (``ce`` objective only; see ``EmbeddingDenoiser``).
         token_noise: share of training sequences whose tokens each draw their own noise level
             t ~ U(0, 1) instead of sharing one: some tokens hidden beside readable ones, as in
-            masked diffusion, which is where using context pays (needs ``readout_skip``, which
-            tells the network each token's own level).
+            masked diffusion, which is where using context pays (needs ``readout_skip`` or
+            ``posterior_input``, which tell the network each token's own level).
+        posterior_input: the network reads each position's no-context posterior over tokens
+            (a soft token) instead of x_t, through a token-input network (Bayesian Flow
+            Networks' input; see ``EmbeddingDenoiser``). ``ce`` objective, no self-conditioning.
+        shift: Dream-style shifted prediction after a BOS = ``eos_id`` (needs
+            ``posterior_input``): the layout of a next-token predictor, so AR weights apply.
+        eos_id: the BOS id of the shifted input (filled in from the tokenizer).
+        ar_steps, anneal_steps: train the first ``ar_steps`` batches as a next-token predictor
+            on clean tokens (causal attention; needs ``shift``), then open attention from causal
+            to full over ``anneal_steps`` batches (as ``MaskedProcess``; DiffuLLaMA, Dream).
     """
 
     kind = "gaussian"
@@ -127,6 +138,11 @@ class GaussianProcess(nn.Module):
         time_sampler: TimeSampler | None = None,
         readout_skip: bool = False,
         token_noise: float = 0.0,
+        posterior_input: bool = False,
+        shift: bool = False,
+        eos_id: int | None = None,
+        ar_steps: int = 0,
+        anneal_steps: int = 0,
     ) -> None:
         super().__init__()
         if objective not in OBJECTIVES:
@@ -136,6 +152,15 @@ class GaussianProcess(nn.Module):
                 "readout_skip needs objective=ce (it adds to the logits); with objective=mse set "
                 "process.readout_skip=false"
             )
+        if posterior_input and (objective != "ce" or self_cond_prob > 0):
+            raise ValueError(
+                "posterior_input needs objective=ce and self_cond_prob=0 (its network reads "
+                "tokens, with no self-conditioning input)"
+            )
+        if shift and (not posterior_input or eos_id is None):
+            raise ValueError("shift=true needs posterior_input=true and eos_id (the BOS)")
+        if ar_steps and not shift:
+            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         if not 0.0 <= self_cond_prob <= 1.0:
             raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
         self.vocab_size, self.embed_dim = vocab_size, embed_dim
@@ -145,19 +170,37 @@ class GaussianProcess(nn.Module):
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         if not 0.0 <= token_noise <= 1.0:
             raise ValueError(f"token_noise must be in [0, 1], got {token_noise}")
-        if token_noise > 0 and not readout_skip:
-            raise ValueError("token_noise > 0 needs readout_skip=true (per-token levels)")
+        if token_noise > 0 and not (readout_skip or posterior_input):
+            raise ValueError(
+                "token_noise > 0 needs readout_skip=true or posterior_input=true (per-token levels)"
+            )
         self.readout_skip, self.token_noise = readout_skip, token_noise
+        self.posterior_input, self.shift, self.eos_id = posterior_input, shift, eos_id
+        self._init_phases(ar_steps, anneal_steps)
 
     @property
     def network_kwargs(self) -> dict:
         """The network's input/output widths this process needs."""
+        if self.posterior_input:
+            return {
+                "in_vocab": self.vocab_size,
+                "out_dim": self.vocab_size,
+                "self_condition": False,
+            }
         out_dim = self.vocab_size if self.objective == "ce" else self.embed_dim
         return {"in_dim": self.embed_dim, "out_dim": out_dim}
 
     def make_denoiser(self, network: nn.Module, temperature: float = 1.0) -> Denoiser:
-        skip = self.schedule if self.readout_skip else None
-        return EmbeddingDenoiser(network, self.embedding, self.objective == "ce", skip, temperature)
+        return EmbeddingDenoiser(
+            network,
+            self.embedding,
+            self.objective == "ce",
+            self.schedule,
+            readout_skip=self.readout_skip,
+            posterior_input=self.posterior_input,
+            shift_from=self.eos_id if self.shift else None,
+            temperature=temperature,
+        )
 
     def sampling_denoiser(
         self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
@@ -218,8 +261,15 @@ class GaussianProcess(nn.Module):
         return denoiser(x_t, t, estimate)
 
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
-        """tokens: (B, L). Returns the objective averaged over positions."""
+        """tokens: (B, L). Returns the objective averaged over positions; in the AR phase of
+        training, the next-token NLL of clean input under causal attention."""
         n = tokens.shape[0]
+        if self.training and self._training_phase(denoiser):
+            bos = torch.full_like(tokens[:, :1], self.eos_id)
+            zeros = torch.zeros(n, device=tokens.device)
+            logits = denoiser.network(torch.cat([bos, tokens], dim=1), zeros)[:, :-1]
+            nats = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+            return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
         t = (
             self.time_sampler(n, tokens.device)
             if self.training
@@ -260,6 +310,7 @@ class GaussianProcess(nn.Module):
         t: float,
         generator: torch.Generator | None = None,
         log_prior: Tensor | None = None,
+        transition: Tensor | None = None,
     ) -> LevelMetrics:
         """Model CE/accuracy at a fixed noise level t, with self-conditioning if trained with it.
 
@@ -267,15 +318,19 @@ class GaussianProcess(nn.Module):
         posterior over tokens given only the position's own noisy embedding,
         log p(v | x_t) = log prior_v + alpha <x_t, e_v> / sigma^2 + const (rows share one norm).
         At low noise this readout is near perfect, so only the gap to it shows context use.
+        With a bigram ``transition`` (V, V) as well, it scores the exact bigram denoiser
+        (``cdlm.evaluation.oracle``): what context can add at this level.
         """
         x0 = self.embedding(tokens)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator)
         tt = torch.full((tokens.shape[0],), t, device=tokens.device)
         x_t = self.corrupt(x0, tt, noise)
         pred = self._predict(denoiser, x_t, tt, self.self_cond_prob > 0)
-        baseline = None
+        baseline = oracle = None
         if log_prior is not None:
-            alpha, sigma = self.schedule.alpha(tt[:1]), self.schedule.sigma(tt[:1])
-            evidence = self.embedding.logits(x_t) * (alpha / sigma**2)
+            evidence = readout_evidence(self.embedding, self.schedule, x_t, tt)
             baseline = (evidence + log_prior.float()).flatten(0, 1)
-        return level_metrics(pred.logits.flatten(0, 1), tokens.flatten(), baseline)
+            if transition is not None:
+                marginals = markov_marginals(evidence, transition, log_prior.exp())
+                oracle = marginals.clamp_min(1e-30).log().flatten(0, 1)
+        return level_metrics(pred.logits.flatten(0, 1), tokens.flatten(), baseline, oracle)

@@ -21,7 +21,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.processes.base import LevelMetrics, LossOutput, TokenProcess, level_metrics
+from cdlm.evaluation.oracle import markov_marginals
+from cdlm.processes.base import (
+    AttentionPhases,
+    LevelMetrics,
+    LossOutput,
+    TokenProcess,
+    level_metrics,
+)
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 
@@ -66,7 +73,7 @@ class MaskedDenoiser:
         return Prediction(logits=torch.where((z != self.mask_id)[..., None], carried, logp))
 
 
-class MaskedProcess(TokenProcess):
+class MaskedProcess(AttentionPhases, TokenProcess):
     """Masked diffusion over token ids.
 
     Args:
@@ -116,22 +123,12 @@ class MaskedProcess(TokenProcess):
             raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab_size}")
         if shift and eos_id is None:
             raise ValueError("shift=true needs eos_id (the BOS the shifted input starts with)")
-        if ar_steps < 0 or anneal_steps < 0:
-            raise ValueError(
-                f"ar_steps and anneal_steps must be >= 0, got {ar_steps}, {anneal_steps}"
-            )
         if ar_steps and not shift:
             raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
-        self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
-        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # Models saved before the batch count existed load with a count of 0.
-        state_dict.setdefault(prefix + "step", torch.zeros((), dtype=torch.long))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._init_phases(ar_steps, anneal_steps)
 
     @property
     def canvas_id(self) -> int:
@@ -170,28 +167,6 @@ class MaskedProcess(TokenProcess):
         """Uniform stratified times in [t_min, 1): the draw of the unbiased bound."""
         return self.t_min + (1.0 - self.t_min) * stratified_times(n, device, generator)
 
-    def _training_phase(self, denoiser: Denoiser) -> bool:
-        """Advances the batch count and sets the network's share of visible future keys;
-        True while in the AR phase."""
-        step = int(self.step)
-        self.step += 1
-        if not (self.ar_steps or self.anneal_steps):
-            return False
-        if step < self.ar_steps:
-            visibility = 0.0
-        elif self.anneal_steps:
-            visibility = min(1.0, (step - self.ar_steps) / self.anneal_steps)
-        else:
-            visibility = 1.0
-        network = denoiser.network
-        if not hasattr(network, "future_visibility"):
-            raise ValueError(
-                f"ar_steps/anneal_steps need a cdlm Transformer (attention annealing); got "
-                f"{type(network).__name__}"
-            )
-        network.future_visibility = visibility
-        return step < self.ar_steps
-
     def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
         """The continuous-time ELBO integrand at t from the time sampler (training) or
         stratified uniform t (evaluation: an unbiased bound on -log p in nats). In the AR phase
@@ -222,15 +197,26 @@ class MaskedProcess(TokenProcess):
         t: float,
         generator: torch.Generator | None = None,
         log_prior: Tensor | None = None,
+        transition: Tensor | None = None,
     ) -> LevelMetrics:
         """CE/accuracy of the prediction on the masked positions at mask time t; with the
         unigram ``log_prior`` (V,) also of the no-context readout (the prior itself: a masked
-        token's own observation says nothing)."""
+        token's own observation says nothing); with a bigram ``transition`` (V, V) as well, of
+        the exact bigram denoiser (``cdlm.evaluation.oracle``)."""
         tt = torch.full((tokens.shape[0],), t, device=tokens.device)
         z, masked = self.corrupt(tokens, tt, generator)
         logits = denoiser(z, tt).logits[masked]
-        baseline = None if log_prior is None else log_prior.float().expand_as(logits)
-        return level_metrics(logits, tokens[masked], baseline)
+        baseline = oracle = None
+        if log_prior is not None:
+            baseline = log_prior.float().expand_as(logits)
+            if transition is not None:
+                # a visible token is its own observation; a masked one observes nothing
+                seen = torch.full((*z.shape, self.vocab_size), -math.inf, device=z.device)
+                seen.scatter_(-1, z[..., None], 0.0)
+                emission = torch.where(masked[..., None], 0.0, seen)
+                marginals = markov_marginals(emission, transition, log_prior.exp())
+                oracle = marginals.clamp_min(1e-30).log()[masked]
+        return level_metrics(logits, tokens[masked], baseline, oracle)
 
     def start(
         self,

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser
 from cdlm.guidance import WithLabel, drop_labels
 
@@ -135,7 +136,7 @@ class DiffusionLM(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         tokens = batch["tokens"]
         # Fixed noise per batch, so validation curves compare checkpoints, not noise draws.
-        generator = torch.Generator(tokens.device).manual_seed(batch_idx)
+        generator = rng.generator(batch_idx, tokens.device)
         out = self.process.loss(self.denoiser, tokens)
         self.log("val/loss", out.loss, prog_bar=True)
         self.log_dict({f"val/{k}": v for k, v in out.metrics.items()})
