@@ -108,7 +108,9 @@ def generate(
     check_compatible(sampler, process.kind)
     device = next(network.parameters()).device
     generator = rng.generator(seed, device)
-    timesteps = make_grid(grid, steps, getattr(process, "schedule", None), device) * strength
+    warp = getattr(getattr(process, "time_sampler", None), "quantile", None)
+    schedule = getattr(process, "schedule", None)
+    timesteps = make_grid(grid, steps, schedule, device, warp) * strength
     guidance = guidance or Guidance()
     passes = 2 if guidance.label is not None and guidance.scale not in (0.0, 1.0) else 1
     batch_size = batch_size or num_samples

@@ -112,8 +112,13 @@ class Warped(TimeSampler):
         return self.uniform * flat + (1.0 - self.uniform) * steps / total
 
     def forward(self, n: int, device: torch.device) -> Tensor:
-        cdf = torch.cumsum(self.density(), 0).to(device)
-        u = stratified_times(n, device)
+        return self.quantile(stratified_times(n, device))
+
+    def quantile(self, u: Tensor) -> Tensor:
+        """t = F^{-1}(u) for u in [0, 1]: the warped time of a uniform one. Also spaces the
+        steps of a sampling grid (CDCD Sec. 4.1 uses the warping at sampling too)."""
+        device = u.device
+        cdf = torch.cumsum(self.density(), 0).to(device, u.dtype)
         k = torch.searchsorted(cdf, u.clamp_max(cdf[-1] - 1e-7), right=True).clamp_max(
             self.bins - 1
         )

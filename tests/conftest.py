@@ -84,7 +84,14 @@ def train_tiny(tmp_path_factory, corpus: Path, *overrides: str) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
-    return train_tiny(tmp_path_factory, tiny_corpus, "process.embed_dim=8")
+    # the default recipe with every phase run: one AR batch, one annealing batch, one diffusion
+    return train_tiny(
+        tmp_path_factory,
+        tiny_corpus,
+        "process.embed_dim=8",
+        "process.ar_steps=1",
+        "process.anneal_steps=1",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -206,3 +206,15 @@ def test_token_noise_gives_each_token_its_own_level_in_training_only():
     assert levels[-1].shape == (64,)  # validation: one level per sequence
     with pytest.raises(ValueError, match="readout_skip"):
         GaussianProcess(30, token_noise=0.5)
+
+
+def test_warped_grid_spends_steps_where_the_learned_loss_rises():
+    from cdlm.samplers.grids import make_grid
+
+    warped = Warped(bins=10, uniform=0.0)
+    warped.observe(torch.linspace(0.05, 0.95, 10), torch.tensor([0.0] * 8 + [1.0, 2.0]))
+    grid = make_grid("warped", 8, None, "cpu", warped.quantile)
+    assert grid[0] == 1.0 and grid[-1] == 0.0 and (grid.diff() < 0).all()
+    assert (grid[1:-1] > 0.7).all()  # every inner step in the last bins, where the loss rises
+    with pytest.raises(ValueError, match="time_sampler=warped"):
+        make_grid("warped", 8)

@@ -72,16 +72,44 @@ def karras_grid(
     return _from_logsnr(-2 * sigma.log(), schedule)
 
 
+def warped_grid(
+    steps: int,
+    schedule: Schedule | None = None,
+    device: torch.device | str = "cpu",
+    warp: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """Evenly spaced in the model's learned CDCD time warping (``warp`` = the quantile of a
+    ``Warped`` time sampler): each step covers an equal share of the training loss's rise, so the
+    steps crowd where tokens get decided (CDCD, Dieleman et al. 2022, Sec. 4.1)."""
+    _check(steps)
+    if warp is None:
+        raise ValueError(
+            "grid 'warped' needs a model trained with the CDCD time warping "
+            "(time_sampler@process.time_sampler=warped)"
+        )
+    t = warp(torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64, device=device))
+    t[0], t[-1] = 1.0, 0.0
+    return t
+
+
 GRIDS: dict[str, Callable[..., Tensor]] = {
     "uniform": uniform_grid,
     "logsnr": logsnr_grid,
     "karras": karras_grid,
+    "warped": warped_grid,
 }
 
 
 def make_grid(
-    name: str, steps: int, schedule: Schedule | None = None, device: torch.device | str = "cpu"
+    name: str,
+    steps: int,
+    schedule: Schedule | None = None,
+    device: torch.device | str = "cpu",
+    warp: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
+    """The named grid; ``warp`` is the learned time warping, for ``warped`` only."""
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; valid: {', '.join(GRIDS)}")
+    if name == "warped":
+        return warped_grid(steps, schedule, device, warp)
     return GRIDS[name](steps, schedule, device)
