@@ -54,17 +54,26 @@ RECIPES: dict[str, list[tuple[float, list[str]]]] = {
 SAMPLERS: dict[str, list[tuple[str, str, dict, int, float, str]]] = {
     "autoregressive": [
         ("ar, T=1", "ar", {"stop_at_eos": False}, 1, 1.0, "uniform"),
-        ("ar, T=0.8", "ar", {"stop_at_eos": False, "temperature": 0.8}, 1, 1.0, "uniform"),
+        ("ar, T=0.9", "ar", {"stop_at_eos": False, "temperature": 0.9}, 1, 1.0, "uniform"),
     ],
     "masked": [
         ("ancestral", "ancestral", {}, 128, 1.0, "uniform"),
         ("ancestral, blocks of 4", "ancestral", {"block_length": 4}, 128, 1.0, "uniform"),
-        ("ancestral, T=0.8", "ancestral", {"temperature": 0.8}, 128, 1.0, "uniform"),
+        (
+            "ancestral, left to right (blocks of 1)",
+            "ancestral",
+            {"block_length": 1},
+            128,
+            1.0,
+            "uniform",
+        ),
+        ("ancestral, T=0.9", "ancestral", {"temperature": 0.9}, 128, 1.0, "uniform"),
         ("confidence, T=0 (LLaDA default)", "confidence", {}, 128, 1.0, "uniform"),
     ],
     "gaussian": [
         ("ddpm", "ddpm", {}, 128, 1.0, "uniform"),
         ("ddpm, warped grid", "ddpm", {}, 128, 1.0, "warped"),
+        ("ddpm, warped grid, x0 temperature 0.9", "ddpm", {}, 128, 0.9, "warped"),
         ("ddpm, warped grid, x0 temperature 0.8", "ddpm", {}, 128, 0.8, "warped"),
     ],
 }

@@ -5,6 +5,7 @@ import torch
 
 from cdlm.samplers import GRIDS, make_grid
 from cdlm.schedules import CosineSchedule, LinearSchedule, SqrtSchedule
+from cdlm.time_samplers import Warped
 
 SCHEDULES = [CosineSchedule(), LinearSchedule(), SqrtSchedule()]
 
@@ -13,7 +14,9 @@ SCHEDULES = [CosineSchedule(), LinearSchedule(), SqrtSchedule()]
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize("steps", [1, 2, 17, 200])
 def test_grid_shape_endpoints_and_monotone(name, schedule, steps):
-    grid = make_grid(name, steps, schedule)
+    warped = Warped(bins=20)  # a learned warping: the loss rising over the upper half
+    warped.observe(torch.linspace(0.025, 0.975, 20), torch.linspace(-1, 1, 20).clamp_min(0))
+    grid = make_grid(name, steps, schedule, warp=warped.quantile)
     assert grid.shape == (steps + 1,) and grid.dtype == torch.float64
     assert grid[0] == 1.0 and grid[-1] == 0.0
     assert (grid[1:] < grid[:-1]).all()
