@@ -129,7 +129,7 @@ def test_scale_0_is_unconditional_and_scale_1_conditional_for_every_process(kind
                 Tok(),
                 sampler,
                 steps=5,
-                num_samples=3,
+                num_samples=6,
                 seq_len=L,
                 seed=7,
                 cut_at_eos=False,
@@ -139,11 +139,11 @@ def test_scale_0_is_unconditional_and_scale_1_conditional_for_every_process(kind
         den = process.sampling_denoiser(net, condition=condition)
         gen = rng.generator(7)  # the stream generate(seed=7) uses
         grid = torch.linspace(1, 0, 6, dtype=torch.float64)
-        x = process.prior((3, L), torch.device("cpu"), gen)
+        x = process.prior((6, L), torch.device("cpu"), gen)
         return sampler(den, x, grid, process=process, generator=gen).tokens.tolist(), None
 
     uncond, _ = run()
-    cond, _ = run(condition=lambda d: WithLabel(d, torch.full((3,), 2)))
+    cond, _ = run(condition=lambda d: WithLabel(d, torch.full((6,), 2)))
     assert uncond != cond  # the label matters, so the checks below can fail
     assert run(Guidance(label=2, scale=0.0))[0] == uncond
     assert run(Guidance(label=2, scale=1.0))[0] == cond
