@@ -205,8 +205,8 @@ class Transformer(nn.Module):
         cache: list[LayerCache] | None = None,
         label: Tensor | None = None,
     ) -> Tensor:
-        """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,) noise level in [0, 1];
-        self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
+        """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,)
+        noise level in [0, 1]; self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
         a first call it takes one new position per call); label: (B,) class ids, -1 (or None)
         for none."""
         end = x.shape[1] + (cache[0].length if cache else 0)

@@ -32,10 +32,10 @@ class LevelMetrics:
     # context exactly where it beats this.
     baseline_ce: Tensor | None = None
     baseline_acc: Tensor | None = None
-    count: int = 0
+    count: int = 0  # positions scored (masked ones only, for masked diffusion)
     # The same for the exact denoiser of a bigram LM (``cdlm.evaluation.oracle``), if asked for.
     oracle_ce: Tensor | None = None
-    oracle_acc: Tensor | None = None  # positions scored (masked ones only, for masked diffusion)
+    oracle_acc: Tensor | None = None
 
 
 def level_metrics(
