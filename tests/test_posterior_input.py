@@ -109,6 +109,17 @@ def test_gaussian_ar_phase_then_annealing_then_diffusion():
     assert proc.loss(den, tokens).metrics["ar_bits_per_token"] == pytest.approx(
         expected.item() / math.log(2), rel=1e-5
     )
+    # a class-conditional run's labels reach the network in the AR phase too
+    from cdlm.guidance import WithLabel
+
+    labelled = small(proc, num_classes=2)
+    for p in labelled.parameters():  # adaLN-Zero starts label-blind: wake every layer up
+        torch.nn.init.normal_(p, std=0.3)
+    proc.step.zero_()
+    plain = proc.loss(proc.make_denoiser(labelled), tokens).loss
+    proc.step.zero_()
+    bound = WithLabel(proc.make_denoiser(labelled), torch.ones(3, dtype=torch.long))
+    assert not torch.allclose(proc.loss(bound, tokens).loss, plain)
 
 
 def test_posterior_input_refuses_what_it_cannot_do():

@@ -267,7 +267,8 @@ class GaussianProcess(AttentionPhases, nn.Module):
         if self.training and self._training_phase(denoiser):
             bos = torch.full_like(tokens[:, :1], self.eos_id)
             zeros = torch.zeros(n, device=tokens.device)
-            logits = denoiser.network(torch.cat([bos, tokens], dim=1), zeros)[:, :-1]
+            label = getattr(denoiser, "label", None)  # set by WithLabel in labelled runs
+            logits = denoiser.network(torch.cat([bos, tokens], 1), zeros, label=label)[:, :-1]
             nats = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
             return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
         t = (
