@@ -69,11 +69,13 @@ class AttentionPhases:
     ar_steps: int
     anneal_steps: int
 
-    def _init_phases(self, ar_steps: int, anneal_steps: int) -> None:
+    def _init_phases(self, ar_steps: int, anneal_steps: int, shift: bool) -> None:
         if ar_steps < 0 or anneal_steps < 0:
             raise ValueError(
                 f"ar_steps and anneal_steps must be >= 0, got {ar_steps}, {anneal_steps}"
             )
+        if ar_steps and not shift:
+            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
         self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
 

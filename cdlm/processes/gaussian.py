@@ -159,8 +159,6 @@ class GaussianProcess(AttentionPhases, nn.Module):
             )
         if shift and (not posterior_input or eos_id is None):
             raise ValueError("shift=true needs posterior_input=true and eos_id (the BOS)")
-        if ar_steps and not shift:
-            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         if not 0.0 <= self_cond_prob <= 1.0:
             raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
         self.vocab_size, self.embed_dim = vocab_size, embed_dim
@@ -176,7 +174,7 @@ class GaussianProcess(AttentionPhases, nn.Module):
             )
         self.readout_skip, self.token_noise = readout_skip, token_noise
         self.posterior_input, self.shift, self.eos_id = posterior_input, shift, eos_id
-        self._init_phases(ar_steps, anneal_steps)
+        self._init_phases(ar_steps, anneal_steps, shift)
 
     @property
     def network_kwargs(self) -> dict:

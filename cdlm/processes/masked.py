@@ -123,12 +123,10 @@ class MaskedProcess(AttentionPhases, TokenProcess):
             raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab_size}")
         if shift and eos_id is None:
             raise ValueError("shift=true needs eos_id (the BOS the shifted input starts with)")
-        if ar_steps and not shift:
-            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
-        self._init_phases(ar_steps, anneal_steps)
+        self._init_phases(ar_steps, anneal_steps, shift)
 
     @property
     def canvas_id(self) -> int:
