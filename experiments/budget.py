@@ -46,8 +46,6 @@ RECIPES: dict[str, list[tuple[float, list[str]]]] = {
     "autoregressive": [(1.0, ["process=autoregressive"])],
     "masked": [(1.0, ["process=masked"])],
     "gaussian": [(1.0, ["process=gaussian"])],
-    # per-token noise levels on half the sequences (process.token_noise), the rest as above
-    "gaussian_token_noise": [(1.0, ["process=gaussian", "process.token_noise=0.5"])],
 }
 # name -> [(label, sampler config, options, steps, gaussian x0 temperature, grid)]; the first is
 # the recipe's headline (the process's default sampler, chosen before any result was seen).
@@ -58,7 +56,6 @@ SAMPLERS: dict[str, list[tuple[str, str, dict, int, float, str]]] = {
     ],
     "masked": [
         ("ancestral", "ancestral", {}, 128, 1.0, "uniform"),
-        ("ancestral, blocks of 4", "ancestral", {"block_length": 4}, 128, 1.0, "uniform"),
         (
             "ancestral, left to right (blocks of 1)",
             "ancestral",
@@ -67,17 +64,15 @@ SAMPLERS: dict[str, list[tuple[str, str, dict, int, float, str]]] = {
             1.0,
             "uniform",
         ),
-        ("ancestral, T=0.9", "ancestral", {"temperature": 0.9}, 128, 1.0, "uniform"),
         ("confidence, T=0 (LLaDA default)", "confidence", {}, 128, 1.0, "uniform"),
     ],
     "gaussian": [
         ("ddpm", "ddpm", {}, 128, 1.0, "uniform"),
         ("ddpm, warped grid", "ddpm", {}, 128, 1.0, "warped"),
-        ("ddpm, warped grid, x0 temperature 0.9", "ddpm", {}, 128, 0.9, "warped"),
-        ("ddpm, warped grid, x0 temperature 0.8", "ddpm", {}, 128, 0.8, "warped"),
+        ("rolling (left to right), T=1", "rolling", {}, 128, 1.0, "uniform"),
+        ("rolling (left to right), T=0.9", "rolling", {"temperature": 0.9}, 128, 1.0, "uniform"),
     ],
 }
-SAMPLERS["gaussian_token_noise"] = SAMPLERS["gaussian"][:1]
 # Levels of the context table (the exact bigram denoiser beside the model and the readout).
 CONTEXT_TIMES = (0.1, 0.5, 0.7, 0.8, 0.9)
 
@@ -145,6 +140,7 @@ def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
             scorer=scorer,
             device=torch.device("cpu"),
             likelihood_sequences=None if i == 0 else 1,
+            likelihood_draws=args.likelihood_draws if i == 0 else 1,
             cut_at_eos=False,
             temperature=temperature,
         )
@@ -182,8 +178,9 @@ def markdown(report: dict) -> str:
         steps = "+".join(str(s["steps"]) for s in r["stages"])
         for k, s in enumerate(r["samplers"]):
             q = s["quality"]
+            error = f" ± {lk['std_error']:.3f}" if "std_error" in lk else ""
             head = (
-                f"| {name} | {steps} | {lk['bits_per_token']:.3f} ({lk['kind']}) "
+                f"| {name} | {steps} | {lk['bits_per_token']:.3f}{error} ({lk['kind']}) "
                 if k == 0
                 else "| | | "
             )
@@ -249,6 +246,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--num-samples", type=int, default=32)
+    parser.add_argument(
+        "--likelihood-draws", type=int, default=8, help="noise draws averaged in each val bound"
+    )
     parser.add_argument("--out", default="docs/budget")
     parser.add_argument("--runs", default="outputs/budget")
     parser.add_argument("--skip-training", action="store_true", help="evaluate existing runs")

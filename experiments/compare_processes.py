@@ -71,14 +71,10 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
 
 
 def bound(ckpt: Path, repeats: int, seed: int) -> tuple[float, float, dict]:
-    """Mean and standard error over ``repeats`` passes of the val bound, bits/token."""
+    """Mean and standard error over ``repeats`` draws of the val bound, bits/token."""
     model = load_checkpoint(ckpt)
-    tokens = validation_tokens(model)
-    passes = [val_bits_per_token(model, tokens, seed + r) for r in range(repeats)]
-    values = [p["bits_per_token"] for p in passes]
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
-    return mean, math.sqrt(var / len(values)), passes[-1].get("terms", {})
+    result = val_bits_per_token(model, validation_tokens(model), seed, draws=repeats)
+    return result["bits_per_token"], result.get("std_error", 0.0), result.get("terms", {})
 
 
 def table(rows: list[dict], budget: str) -> str:

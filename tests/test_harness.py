@@ -1,15 +1,18 @@
 """The evaluation harness end to end on tiny checkpoints (scorer: a uniform LM stand-in)."""
 
 import json
+import statistics
 
 import pytest
 import torch
 from test_quality import CharTokenizer, UniformLM
 
-from cdlm.evaluation.harness import evaluate_checkpoint
+from cdlm.checkpoint import load_checkpoint
+from cdlm.evaluation.harness import evaluate_checkpoint, val_bits_per_token
 from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread
+from cdlm.likelihood.evaluate import validation_tokens
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +66,25 @@ def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
 def test_spread_keeps_every_run():
     assert spread([3, 1, 2]) == {"min": 1, "median": 2, "max": 3}
     assert spread([None, None]) is None
+
+
+@pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint"])
+def test_bound_averages_noise_draws_with_their_standard_error(ckpt, request):
+    model = load_checkpoint(str(request.getfixturevalue(ckpt)))
+    tokens = validation_tokens(model, str(request.getfixturevalue("tiny_corpus")))[:4]
+    single = [val_bits_per_token(model, tokens, seed)["bits_per_token"] for seed in (3, 4, 5)]
+    assert len(set(single)) == 3  # each draw is its own Monte Carlo estimate
+    averaged = val_bits_per_token(model, tokens, 3, draws=3)
+    assert averaged["per_draw"] == pytest.approx(single, rel=1e-6)
+    assert averaged["bits_per_token"] == pytest.approx(statistics.mean(single), rel=1e-6)
+    assert averaged["std_error"] == pytest.approx(statistics.stdev(single) / 3**0.5, rel=1e-5)
+    with pytest.raises(ValueError, match="draws"):
+        val_bits_per_token(model, tokens, 3, draws=0)
+
+
+def test_exact_nll_takes_one_pass_whatever_the_draws(tiny_ar_checkpoint, tiny_corpus):
+    model = load_checkpoint(str(tiny_ar_checkpoint))
+    tokens = validation_tokens(model, str(tiny_corpus))[:4]
+    result = val_bits_per_token(model, tokens, 0, draws=4)
+    assert result["draws"] == 1 and "std_error" not in result
+    assert result["bits_per_token"] == val_bits_per_token(model, tokens, 9)["bits_per_token"]

@@ -16,7 +16,8 @@ from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.regions import assemble, build_canvas, parse_template, prompt_template
-from cdlm.samplers import SAMPLERS
+from cdlm.samplers import SAMPLERS, uniform_grid
+from cdlm.samplers.gaussian import rolling
 
 L = 56
 TEMPLATE = "It was [[3]] the morning, and [[some doubt]] remained [[2]] at Kellynch."
@@ -46,21 +47,22 @@ def processes(tok):
 
 
 def sampler_cases():
+    """(sampler, process kind, sampler options): masked also in blocks, ddpm/ddim also rolling."""
     for name, kinds in sorted(SAMPLERS.items()):
         for kind in kinds:
             if kind == "autoregressive":
                 continue
-            blocks = [None, 8] if kind == "masked" else [None]
-            for block in blocks:
-                yield name, kind, block
+            yield name, kind, {}
+            if kind == "masked":
+                yield name, kind, {"block_length": 8}
+            if name in ("ddpm", "ddim"):
+                yield name, kind, {"token_steps": 2, "draw_tokens": True}
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.5], ids=["infill", "edit"])
-@pytest.mark.parametrize("name, kind, block", list(sampler_cases()))
-def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, block, strength):
-    cfg = OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml")
-    if block is not None:
-        cfg.block_length = block
+@pytest.mark.parametrize("name, kind, options", list(sampler_cases()))
+def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, options, strength):
+    cfg = OmegaConf.merge(OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml"), options)
     sampler = instantiate(cfg)
     for key, process in processes(tok).items():
         if not key.startswith(kind):
@@ -100,11 +102,13 @@ class Spy(torch.nn.Module):
         return self.net(x, t, self_cond, label=label, **kw)
 
 
-def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok):
+@pytest.mark.parametrize("options", [{}, {"token_steps": 2}], ids=["shared", "rolling"])
+def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok, options):
     process = processes(tok)["gaussian"]
     spy = Spy(model(process))
     canvas = build_canvas(parse_template(TEMPLATE), tok, L, 0)
-    sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ddpm.yaml"))
+    cfg = OmegaConf.load(config_dir() / "sampler" / "ddpm.yaml")
+    sampler = instantiate(OmegaConf.merge(cfg, options))
     generate(
         process,
         spy,
@@ -118,8 +122,10 @@ def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok):
     fixed = ~torch.tensor(canvas.editable)
     x0 = process.embedding(torch.tensor(canvas.ids))[fixed]
     implied = []
-    for x, t in spy.seen:
-        alpha, sigma = process.schedule.alpha(t[:1]), process.schedule.sigma(t[:1])
+    held_levels = [row[fixed].float() for row in rolling(uniform_grid(4), L, 2)[:-1]]
+    for x, t in spy.seen:  # the network gets the mean level; HoldFixed each token's own
+        level = (held_levels.pop(0) if options else t[:1].expand(len(x0)))[:, None]
+        alpha, sigma = process.schedule.alpha(level), process.schedule.sigma(level)
         implied.append((x[0][fixed] - alpha * x0) / sigma)  # the noise behind what it saw
     # One noise draw for the run: every step's input is alpha(t) x0 + sigma(t) * that draw.
     for eps in implied[1:]:

@@ -25,6 +25,7 @@ from cdlm.samplers import (
     sample_euler,
     sample_euler_maruyama,
     sample_heun,
+    sample_rolling,
 )
 from cdlm.schedules import CosineSchedule
 
@@ -37,6 +38,7 @@ ALL_GAUSSIAN = [
     sample_dpmpp_2m,
     sample_euler_maruyama,
     sample_adaptive,
+    sample_rolling,
 ]
 
 
@@ -63,10 +65,16 @@ class GaussianData:
 
     def __call__(self, x, t, self_cond=None):
         self.calls += 1
-        a, _ = self.coef(t[0])
-        gain = a * self.cov @ torch.linalg.inv(self.marginal_cov(t[0]))
-        x0 = self.mu + (x - a * self.mu) @ gain.T
+        if t.dim() == 2:  # one level per position (rolling grid): positions are independent
+            x0 = torch.stack([self.posterior_mean(x[:, i], t[0, i]) for i in range(x.shape[1])], 1)
+        else:
+            x0 = self.posterior_mean(x, t[0])
         return Prediction(x0=x0, logits=torch.zeros(*x.shape[:-1], 4, dtype=x.dtype))
+
+    def posterior_mean(self, x, t):
+        a, _ = self.coef(t)
+        gain = a * self.cov @ torch.linalg.inv(self.marginal_cov(t))
+        return self.mu + (x - a * self.mu) @ gain.T
 
     def exact_flow(self, x1, t):
         """The probability-flow ODE solution at time t from x1 at t = 1."""

@@ -37,7 +37,7 @@ def validate(cfg: DictConfig) -> None:
     for key in ("rtol", "atol"):
         value = cfg.metric.get(key)
         require(value is None or value > 0, f"metric.{key} must be > 0, got {value}")
-    for key in ("steps", "num_samples", "repeats"):
+    for key in ("steps", "num_samples", "repeats", "likelihood_draws"):
         require(cfg[key] >= 1, f"{key} must be >= 1, got {cfg[key]}")
     require(cfg.grid in GRIDS, f"unknown grid {cfg.grid!r}; valid: {', '.join(GRIDS)}")
 
@@ -62,6 +62,7 @@ def full_report(cfg: DictConfig) -> None:
         device=device,
         data_path=cfg.data.path,
         likelihood_sequences=None if cfg.num_batches is None else cfg.num_batches * cfg.batch_size,
+        likelihood_draws=cfg.likelihood_draws,
         cut_at_eos=cfg.cut_at_eos,
         temperature=cfg.temperature,
     )

@@ -64,10 +64,13 @@ def summary_markdown(report: dict) -> str:
         )
     lik = report.get("likelihood")
     if lik:
+        error = (
+            f" ± {lik['std_error']:.4f}, mean of {lik['draws']} draws" if "std_error" in lik else ""
+        )
         lines += [
             "",
             f"Validation {lik['kind']}: **{lik['bits_per_token']:.4f} bits/token** "
-            f"({lik['sequences']} sequences).",
+            f"({lik['sequences']} sequences{error}).",
         ]
     lines += ["", "| speed and work (median [min, max]) | value |", "|---|---|"]
     steady = report["speed"]["steady"]

@@ -85,8 +85,7 @@ class HoldFixed:
         self.ids, self.x0, self.noise = ids, x0, noise
 
     def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
-        alpha = self.schedule.alpha(t)[:, None, None]
-        sigma = self.schedule.sigma(t)[:, None, None]
+        alpha, sigma = per_position(self.schedule.alpha(t)), per_position(self.schedule.sigma(t))
         held = (alpha * self.x0 + sigma * self.noise).to(x_t.dtype)
         pred = self.denoiser(torch.where(self.fixed, held, x_t), t, self_cond)
         x0 = torch.where(self.fixed, self.x0.to(pred.x0.dtype), pred.x0)

@@ -2,6 +2,10 @@
 
 The last interval always ends at t = 0, where the step returns the denoiser's x0 estimate: the
 clean data is what a sampler must deliver, whatever small noise floor the schedule keeps.
+
+With ``token_steps`` the grid becomes one per token (``rolling``): denoising sweeps left to right
+and a token is decided with its left context already clean, the order in which the masked
+sampler's left-to-right blocks work.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from torch import Tensor
 
 from cdlm.denoiser import Denoiser
 from cdlm.processes.gaussian import GaussianProcess
-from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
+from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
 
 
 def step_ddpm(
@@ -51,6 +55,33 @@ def step_ddim(
     return alpha_s * x0 + (sigma_s**2 - c**2).clamp_min(0).sqrt() * eps + c * noise
 
 
+def rolling(timesteps: Tensor, length: int, token_steps: int) -> Tensor:
+    """A (K + 1, length) grid, one column per token, from a shared grid ``timesteps`` (K + 1,).
+
+    Every token walks the same ``token_steps``-step version of the shared grid, token i starting
+    round(i (K - W) / (length - 1)) steps after token 0, so the noisy band sweeps left to right:
+    tokens ahead wait at the start time, tokens behind are already clean (Rolling Diffusion,
+    Ruhe et al. 2024; diffusion forcing, Chen et al. 2024). W = K is the shared grid itself.
+    """
+    k = len(timesteps) - 1
+    if not 1 <= token_steps <= k:
+        raise ValueError(f"token_steps must be in [1, steps = {k}], got {token_steps}")
+    # the W-step grid: the shared grid read at W + 1 evenly spaced (fractional) step indices
+    at = torch.linspace(0, k, token_steps + 1, dtype=torch.float64, device=timesteps.device)
+    lo = at.floor().long().clamp(max=k - 1)
+    frac = (at - lo).to(timesteps.dtype)
+    own = timesteps[lo] * (1 - frac) + timesteps[lo + 1] * frac
+    index = torch.arange(length, dtype=torch.float64, device=timesteps.device)
+    offsets = torch.round(index * (k - token_steps) / max(length - 1, 1)).long()
+    steps = torch.arange(k + 1, device=timesteps.device)
+    return own[(steps[:, None] - offsets[None, :]).clamp(0, token_steps)]
+
+
+def per_token(v: Tensor) -> Tensor:
+    """A level quantity, shared () or one per token (L,), shaped to scale (B, L, D)."""
+    return v[None, :, None] if v.dim() else v
+
+
 def step_loop(
     step: Callable[..., Tensor],
     denoiser: Denoiser,
@@ -59,33 +90,48 @@ def step_loop(
     process: GaussianProcess,
     generator: torch.Generator | None,
     callback: Callback | None,
+    token_steps: int | None = None,
+    draw_tokens: bool = False,
+    temperature: float = 1.0,
     **step_kwargs,
 ) -> SampleOutput:
     """Walks the grid with a one-evaluation-per-step update
     ``step(x, x0, alpha_t, sigma_t, alpha_s, sigma_s, noise, **step_kwargs)``; DDPM, DDIM, Euler
-    and Euler-Maruyama differ only in ``step``."""
+    and Euler-Maruyama differ only in ``step``.
+
+    ``token_steps``: walk the ``rolling`` per-token grid instead (the denoiser then gets (B, L)
+    levels); a token whose level does not move keeps its state. ``draw_tokens``: a token reaching
+    t = 0 becomes the embedding of a token drawn from its predicted distribution (float64, only
+    at those positions) instead of the x0 estimate (whose argmax is greedy decoding when a token
+    gets few steps), at ``temperature`` (draws only)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if token_steps is not None:
+        timesteps = rolling(timesteps, x.shape[1], token_steps)
     schedule, pred, n = process.schedule, None, len(timesteps) - 1
+    tokens = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
     for i in range(n):
-        t, s = timesteps[i], timesteps[i + 1]
-        pred = denoiser(x, torch.full((x.shape[0],), float(t), device=x.device, dtype=x.dtype))
-        if s <= 0:
-            x = pred.x0
-        else:
-            tt, ss = t.to(x.dtype), s.to(x.dtype)
-            noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
-            x = step(
-                x,
-                pred.x0,
-                schedule.alpha(tt),
-                schedule.sigma(tt),
-                schedule.alpha(ss),
-                schedule.sigma(ss),
-                noise,
-                **step_kwargs,
-            )
+        t, s = timesteps[i].to(x.dtype), timesteps[i + 1].to(x.dtype)
+        pred = denoiser(x, t.expand(x.shape[:2]) if t.dim() else t.expand(x.shape[0]))
+        ss = torch.where(s <= 0, t, s)  # the interval ending at 0 takes a token, not a step
+        noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+        coefficients = [per_token(f(v)) for v in (t, ss) for f in (schedule.alpha, schedule.sigma)]
+        stepped = step(x, pred.x0, *coefficients, noise, **step_kwargs)
+        x = torch.where(per_token(t > s), stepped, x)
+        ends = ((s <= 0) & (t > 0)).expand(x.shape[1]).nonzero().squeeze(-1)
+        if len(ends):
+            logits = pred.logits[:, ends]
+            if draw_tokens:
+                logp = torch.log_softmax(logits.double(), -1)
+                drawn = sample_categorical(logp, generator, temperature)
+                x[:, ends] = process.embedding(drawn).to(x.dtype)
+            else:
+                drawn = logits.argmax(-1)
+                x[:, ends] = pred.x0[:, ends]
+            tokens[:, ends] = drawn
         if callback is not None:
-            callback(StepInfo(i=i, t=float(t), s=float(s), x=x, prediction=pred))
-    return SampleOutput(x=x, tokens=pred.logits.argmax(-1), prediction=pred, nfe=n)
+            callback(StepInfo(i=i, t=float(t.max()), s=float(s.max()), x=x, prediction=pred))
+    return SampleOutput(x=x, tokens=tokens, prediction=pred, nfe=n)
 
 
 @register("ddpm", processes=("gaussian",))
@@ -98,10 +144,26 @@ def sample_ddpm(
     process: GaussianProcess,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
+    token_steps: int | None = None,
+    draw_tokens: bool = False,
+    temperature: float = 1.0,
 ) -> SampleOutput:
     """DDPM ancestral sampling (Ho et al. 2020): the reverse SDE discretised by posterior draws.
-    x: (B, L, D) prior draw; timesteps: (T+1,) from 1 to 0."""
-    return step_loop(step_ddpm, denoiser, x, timesteps, process, generator, callback)
+    x: (B, L, D) prior draw; timesteps: (T+1,) from 1 to 0; token_steps: left to right on the
+    ``rolling`` grid, each token in that many steps; draw_tokens, temperature: see
+    ``step_loop``."""
+    return step_loop(
+        step_ddpm,
+        denoiser,
+        x,
+        timesteps,
+        process,
+        generator,
+        callback,
+        token_steps,
+        draw_tokens,
+        temperature,
+    )
 
 
 @register("ddim", processes=("gaussian",))
@@ -115,8 +177,54 @@ def sample_ddim(
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
     eta: float = 0.0,
+    token_steps: int | None = None,
+    draw_tokens: bool = False,
+    temperature: float = 1.0,
 ) -> SampleOutput:
-    """DDIM (Song et al. 2021); deterministic for eta = 0. x: (B, L, D); timesteps: (T+1,)."""
+    """DDIM (Song et al. 2021); deterministic for eta = 0 (and draw_tokens false).
+    x: (B, L, D); timesteps: (T+1,); token_steps, draw_tokens, temperature: as for DDPM."""
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    return step_loop(step_ddim, denoiser, x, timesteps, process, generator, callback, eta=eta)
+    return step_loop(
+        step_ddim,
+        denoiser,
+        x,
+        timesteps,
+        process,
+        generator,
+        callback,
+        token_steps,
+        draw_tokens,
+        temperature,
+        eta=eta,
+    )
+
+
+@register("rolling", processes=("gaussian",))
+@torch.no_grad()
+def sample_rolling(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: GaussianProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    token_steps: int = 1,
+    temperature: float = 1.0,
+) -> SampleOutput:
+    """Left-to-right gaussian decoding: DDPM on the ``rolling`` grid, each token drawn from its
+    predicted distribution at ``temperature`` as it reaches t = 0. With ``token_steps=1`` a
+    token goes from noise to a drawn token in one call, its left context already decided: the
+    gaussian counterpart of the masked process's left-to-right ancestral sampler."""
+    return sample_ddpm(
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        token_steps=token_steps,
+        draw_tokens=True,
+        temperature=temperature,
+    )
