@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import torch
 
 from cdlm.checkpoint import Model
+from cdlm.denoiser import readout_evidence
+from cdlm.processes.base import level_metrics
 from cdlm.rng import generator as generator_for
 
 
@@ -63,4 +65,66 @@ def context_use(
         if transition is not None:
             row["oracle_gain"] = means["oracle_acc"] / base
         rows.append(row)
+    return rows
+
+
+@torch.no_grad()
+def context_ceiling(
+    model: Model,
+    tokens: torch.Tensor,
+    log_prior: torch.Tensor,
+    target_time: float = 0.9,
+    context_times: Sequence[float] = (0.0, 0.5, 0.7, 0.8, 0.9),
+    stride: int = 8,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> list[dict]:
+    """Gaussian models: accuracy/CE on tokens noised to ``target_time`` while the rest of the
+    sequence sits at each of ``context_times``, beside the no-context readout of the same
+    targets.
+
+    Every ``stride``-th position is a target (each offset in turn, so every token is scored
+    once); the others are context. With the context at ``target_time`` this is ``context_use``
+    at that level; with it clean (0) it is what context can add to a token that noisy at best,
+    which bounds what any model can gain at a level where all tokens are that noisy. Needs
+    per-token levels (the network sees their mean; no self-conditioning)."""
+    process = model.process
+    if process.kind != "gaussian":
+        raise ValueError(f"context_ceiling needs a gaussian model, got {process.kind!r}")
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    device = next(model.network.parameters()).device
+    denoiser = process.make_denoiser(model.network)
+    rows = []
+    for level in context_times:
+        generator = generator_for(seed, device)
+        sums, count = {"acc": 0.0, "base_acc": 0.0, "ce": 0.0, "base_ce": 0.0}, 0
+        for batch in tokens.split(batch_size):
+            batch = batch.to(device)
+            for offset in range(min(stride, batch.shape[1])):
+                target = torch.arange(batch.shape[1], device=device) % stride == offset
+                t = torch.full(batch.shape, level, device=device)
+                t[:, target] = target_time
+                x0 = process.embedding(batch)
+                noise = torch.randn(x0.shape, device=device, generator=generator)
+                x_t = process.corrupt(x0, t, noise)
+                logits = denoiser(x_t, t).logits[:, target].flatten(0, 1)
+                evidence = readout_evidence(process.embedding, process.schedule, x_t, t)
+                readout = (evidence + log_prior.to(device))[:, target].flatten(0, 1)
+                m = level_metrics(logits, batch[:, target].flatten(), readout)
+                for key, value in zip(
+                    sums, (m.acc, m.baseline_acc, m.ce, m.baseline_ce), strict=True
+                ):
+                    sums[key] += float(value) * m.count
+                count += m.count
+        means = {key: total / max(count, 1) for key, total in sums.items()}
+        rows.append(
+            {
+                "context_t": level,
+                "target_t": target_time,
+                **means,
+                "positions": count,
+                "context_gain": means["acc"] / max(means["base_acc"], 1e-9),
+            }
+        )
     return rows
