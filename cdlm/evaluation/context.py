@@ -95,22 +95,23 @@ def context_ceiling(
         raise ValueError(f"stride must be >= 1, got {stride}")
     device = next(model.network.parameters()).device
     denoiser = process.make_denoiser(model.network)
+    log_prior, position = log_prior.to(device), torch.arange(tokens.shape[1], device=device)
     rows = []
     for level in context_times:
         generator = generator_for(seed, device)
         sums, count = {"acc": 0.0, "base_acc": 0.0, "ce": 0.0, "base_ce": 0.0}, 0
         for batch in tokens.split(batch_size):
             batch = batch.to(device)
+            x0 = process.embedding(batch)
             for offset in range(min(stride, batch.shape[1])):
-                target = torch.arange(batch.shape[1], device=device) % stride == offset
+                target = position % stride == offset
                 t = torch.full(batch.shape, level, device=device)
                 t[:, target] = target_time
-                x0 = process.embedding(batch)
                 noise = torch.randn(x0.shape, device=device, generator=generator)
                 x_t = process.corrupt(x0, t, noise)
                 logits = denoiser(x_t, t).logits[:, target].flatten(0, 1)
                 evidence = readout_evidence(process.embedding, process.schedule, x_t, t)
-                readout = (evidence + log_prior.to(device))[:, target].flatten(0, 1)
+                readout = (evidence + log_prior)[:, target].flatten(0, 1)
                 m = level_metrics(logits, batch[:, target].flatten(), readout)
                 for key, value in zip(
                     sums, (m.acc, m.baseline_acc, m.ce, m.baseline_ce), strict=True

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser
+from cdlm.denoiser import Denoiser, per_position
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
 
@@ -77,11 +77,6 @@ def rolling(timesteps: Tensor, length: int, token_steps: int) -> Tensor:
     return own[(steps[:, None] - offsets[None, :]).clamp(0, token_steps)]
 
 
-def per_token(v: Tensor) -> Tensor:
-    """A level quantity, shared () or one per token (L,), shaped to scale (B, L, D)."""
-    return v[None, :, None] if v.dim() else v
-
-
 def step_loop(
     step: Callable[..., Tensor],
     denoiser: Denoiser,
@@ -111,14 +106,18 @@ def step_loop(
     schedule, pred, n = process.schedule, None, len(timesteps) - 1
     tokens = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
     for i in range(n):
-        t, s = timesteps[i].to(x.dtype), timesteps[i + 1].to(x.dtype)
-        pred = denoiser(x, t.expand(x.shape[:2]) if t.dim() else t.expand(x.shape[0]))
+        # levels per sequence (B,) on a shared grid, per token (B, L) on a rolling one
+        t, s = (v.to(x.dtype).expand(x.shape[: v.dim() + 1]) for v in timesteps[i : i + 2])
+        pred = denoiser(x, t)
         ss = torch.where(s <= 0, t, s)  # the interval ending at 0 takes a token, not a step
         noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
-        coefficients = [per_token(f(v)) for v in (t, ss) for f in (schedule.alpha, schedule.sigma)]
+        coefficients = [
+            per_position(f(v)) for v in (t, ss) for f in (schedule.alpha, schedule.sigma)
+        ]
         stepped = step(x, pred.x0, *coefficients, noise, **step_kwargs)
-        x = torch.where(per_token(t > s), stepped, x)
-        ends = ((s <= 0) & (t > 0)).expand(x.shape[1]).nonzero().squeeze(-1)
+        x = torch.where(per_position(t > s), stepped, x)
+        # positions reaching t = 0 now (every row alike)
+        ends = ((s <= 0) & (t > 0))[0].expand(x.shape[1]).nonzero().squeeze(-1)
         if len(ends):
             logits = pred.logits[:, ends]
             if draw_tokens:
