@@ -70,10 +70,73 @@ def _check_targets(node: Any) -> None:
             _check_targets(v)
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Model:
-    path = Path(path)
+# A torch.save file (a Lightning .ckpt among them) is a zip archive, or in the legacy format a
+# pickle opening with its protocol (2 to 5); the first bytes say so without unpickling anything.
+_TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+_MAX_HEADER = 100_000_000  # the safetensors format's own limit on the JSON header
+
+
+def _lightning_message(path: Path) -> str:
+    """Names the run's model file when it sits near the .ckpt (run/checkpoints/last.ckpt)."""
+    near = [p / "model.safetensors" for p in (path.parent, path.parent.parent)]
+    model = next(
+        (str(p) for p in near if p.is_file()), "the model.safetensors in the same run folder"
+    )
+    if path.suffix != ".ckpt":
+        return (
+            f"{path} is a torch.save (pickle) file, not a cdlm model; a Lightning training "
+            f"checkpoint resumes training (cdlm-train resume={path}); sample from {model}"
+        )
+    return (
+        f"{path} is a Lightning training checkpoint (for resuming: cdlm-train resume={path}); "
+        f"sample from {model}"
+    )
+
+
+def _expected_size(n: int, header: bytes) -> int:
+    """The file size a safetensors header of ``n`` bytes describes (header + tensor data)."""
+    if len(header) < n:
+        return 8 + n
+    try:
+        entries = json.loads(header)
+        ends = [v["data_offsets"][1] for k, v in entries.items() if k != "__metadata__"]
+        return 8 + n + int(max(ends, default=0))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return 0  # a malformed header: the safetensors reader names the problem
+
+
+def check_model_file(path: str | Path) -> None:
+    """Raises a ``CheckpointError`` saying what ``path`` is when it cannot be a cdlm model file:
+    missing, empty, a Lightning (torch.save) checkpoint, or a truncated safetensors file.
+
+    Reads the safetensors layout (an 8-byte little-endian header length, then a JSON header)
+    and nothing else; a file it does not recognise is left to the safetensors reader's message.
+    """
+    path = Path(str(path))
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little")
+        header = f.read(n) if len(head) == 8 and n <= _MAX_HEADER else b""
+    if not header.startswith(b"{"):
+        if head.startswith(_TORCH_SAVE_MAGIC):
+            raise CheckpointError(_lightning_message(path))
+        return
+    expected = _expected_size(n, header)
+    if size < expected:
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: the file is truncated ({size} bytes, its header "
+            f"describes {expected}); an interrupted copy or download? copy it again"
+        )
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Model:
+    path = Path(path)
+    check_model_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -102,6 +165,7 @@ def load_network_weights(network: nn.Module, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"init_from checkpoint not found: {path}")
+    check_model_file(path)
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:

@@ -8,8 +8,10 @@ Validation always uses the uniform stratified draw, so the reported bound does n
 sampler chosen for training.
 
 A time sampler is a small ``nn.Module`` (its state is in buffers, so it is saved with the model
-and resumes with it): ``sampler(n, device) -> (n,)`` draws times in training; ``observe(t, loss)``
-lets learned samplers see the per-sequence losses of those times.
+and resumes with it): ``sampler(n, device, generator) -> (n,)`` draws times in training and
+changes nothing; ``observe(t, loss)`` lets learned samplers see the per-sequence losses of those
+times, and ``set_progress(p)`` tells schedules over training how far the budget has gone (both
+called explicitly, by the training module and ``cdlm.training.phases.Phases``).
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ def stratified_times(
 class TimeSampler(nn.Module):
     """Base class: uniform stratified times, the unbiased low-variance default."""
 
-    def forward(self, n: int, device: torch.device) -> Tensor:
-        return stratified_times(n, device)
+    def forward(
+        self, n: int, device: torch.device, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return stratified_times(n, device, generator)
 
     def observe(self, t: Tensor, loss: Tensor) -> None:
         """Per-sequence training losses (n,) at times t (n,); learned samplers use them."""
+
+    def set_progress(self, progress: float) -> None:
+        """The share of the training budget spent, in [0, 1]; schedules over training use it."""
 
 
 class Stratified(TimeSampler):
@@ -43,35 +50,38 @@ class Stratified(TimeSampler):
 
 class Curriculum(TimeSampler):
     """A curriculum on the noise level: t ~ U(0, hi) with hi rising linearly from ``start`` to 1
-    over the first ``ramp_steps`` training batches (stratified within the range).
+    over the first ``ramp`` share of the training budget (stratified within the range).
 
     For masked diffusion t is the mask rate, so training starts BERT-like (``start`` = 0.15: at
     most 15% masked, Devlin et al. 2019), where every masked token has most of its context, and
     ends on the full MDLM objective. A masked model trained on t ~ U(0, 1) from scratch sits on the
     unigram plateau for hundreds of steps; a low mask rate gets it using context in ~150 (see
-    docs/budget.md).
+    docs/budget.md). The budget share is a buffer, so a resumed run continues the ramp.
     """
 
-    def __init__(self, start: float = 0.15, ramp_steps: int = 200) -> None:
+    def __init__(self, start: float = 0.15, ramp: float = 0.3) -> None:
         super().__init__()
         if not 0.0 < start <= 1.0:
             raise ValueError(f"curriculum start must be in (0, 1], got {start}")
-        if ramp_steps < 0:
-            raise ValueError(f"ramp_steps must be >= 0, got {ramp_steps}")
-        self.start, self.ramp_steps = start, ramp_steps
-        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        if not 0.0 <= ramp <= 1.0:
+            raise ValueError(f"curriculum ramp is a share of the budget in [0, 1], got {ramp}")
+        self.start, self.ramp = start, ramp
+        self.register_buffer("progress", torch.zeros(()))
+
+    def set_progress(self, progress: float) -> None:
+        self.progress.fill_(progress)
 
     def high(self) -> float:
         """The current upper end of the range."""
-        if self.ramp_steps == 0:
+        if self.ramp == 0:
             return 1.0
-        progress = min(1.0, self.step.item() / self.ramp_steps)
-        return self.start + (1.0 - self.start) * progress
+        done = min(1.0, float(self.progress) / self.ramp)
+        return self.start + (1.0 - self.start) * done
 
-    def forward(self, n: int, device: torch.device) -> Tensor:
-        hi = self.high()
-        self.step += 1
-        return hi * stratified_times(n, device)
+    def forward(
+        self, n: int, device: torch.device, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return self.high() * stratified_times(n, device, generator)
 
 
 class Warped(TimeSampler):
@@ -111,8 +121,10 @@ class Warped(TimeSampler):
             return flat
         return self.uniform * flat + (1.0 - self.uniform) * steps / total
 
-    def forward(self, n: int, device: torch.device) -> Tensor:
-        return self.quantile(stratified_times(n, device))
+    def forward(
+        self, n: int, device: torch.device, generator: torch.Generator | None = None
+    ) -> Tensor:
+        return self.quantile(stratified_times(n, device, generator))
 
     def quantile(self, u: Tensor) -> Tensor:
         """t = F^{-1}(u) for u in [0, 1]: the warped time of a uniform one. Also spaces the

@@ -10,7 +10,8 @@ from __future__ import annotations
 import netrc
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_dir
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cdlm import config_dir
+from cdlm.checkpoint import CheckpointError, check_model_file
 
 USAGE_ERROR = 2
 
@@ -104,12 +106,16 @@ def run(
     prog: str,
     config_name: str,
     task: Callable[[DictConfig], None],
-    validate: Callable[[DictConfig], None],
+    validate: Callable[[DictConfig, list[str]], None],
 ) -> None:
-    """Validates the command line, then hands it to ``@hydra.main`` (so -m sweeps work)."""
+    """Validates the command line, then hands it to ``@hydra.main`` (so -m sweeps work).
+
+    ``validate`` gets the composed config and the overrides as typed, so it can tell an option
+    the user set from one a config group's default set.
+    """
     overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:
-        validate(compose_checked(config_name, overrides))
+        validate(compose_checked(config_name, overrides), overrides)
     except UsageError as e:
         fail(prog, str(e))
 
@@ -129,3 +135,75 @@ def run(
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise UsageError(message)
+
+
+def _bounds(at_least, above, at_most, below) -> str:
+    """The allowed range as text: ``>= 1``, ``> 0``, ``in (0, 1]``."""
+    if (at_least, above) != (None, None) and (at_most, below) != (None, None):
+        opening = f"[{at_least}" if at_least is not None else f"({above}"
+        closing = f"{at_most}]" if at_most is not None else f"{below})"
+        return f"in {opening}, {closing}"
+    for sign, bound in ((">=", at_least), (">", above), ("<=", at_most), ("<", below)):
+        if bound is not None:
+            return f"{sign} {bound}"
+    return ""
+
+
+def require_number(
+    name: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    nullable: bool = False,
+    note: str = "",
+) -> None:
+    """A ``UsageError`` naming ``name`` unless ``value`` is a number in the given range.
+
+    Hydra passes ``steps=abc`` through as the string ``'abc'``, and a comparison with it would
+    raise a TypeError deep in validation, so the type is checked first. Booleans are not numbers
+    here, and an integer option refuses floats (``steps=1.5``). ``note`` follows the range in the
+    message, e.g. ``(or null for all)``.
+    """
+    if nullable and value is None:
+        return
+    bounds = _bounds(at_least, above, at_most, below)
+    tail = " ".join(x for x in (bounds, note) if x)
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an integer" if integer else "a number"
+        raise UsageError(f"{name} must be {' '.join(x for x in (kind, tail) if x)}, got {value!r}")
+    inside = (
+        (at_least is None or value >= at_least)
+        and (above is None or value > above)
+        and (at_most is None or value <= at_most)
+        and (below is None or value < below)
+    )
+    # NaN fails every comparison above, so it is refused wherever a bound is given
+    if not inside:
+        raise UsageError(f"{name} must be {tail}, got {value!r}")
+
+
+def require_choice(name: str, value: Any, choices: Iterable[str]) -> None:
+    """A ``UsageError`` listing the valid names unless ``value`` is one of them."""
+    choices = list(choices)
+    if not (isinstance(value, str) and value in choices):
+        raise UsageError(f"unknown {name} {value!r}; valid: {', '.join(choices)}")
+
+
+def require_bool(name: str, value: Any) -> None:
+    """A ``UsageError`` unless ``value`` is true or false (``clamp=abc`` would count as true)."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be true or false, got {value!r}")
+
+
+def require_model_file(path: Any) -> None:
+    """A ``UsageError`` unless ``path`` can be a cdlm model file: found before Hydra starts, and
+    before cdlm-eval loads its scorer."""
+    try:
+        check_model_file(path)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None

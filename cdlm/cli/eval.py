@@ -13,7 +13,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.checkpoint import load_checkpoint
-from cdlm.cli.common import default_wandb_mode, fail, require, run
+from cdlm.cli.common import (
+    default_wandb_mode,
+    fail,
+    require,
+    require_bool,
+    require_choice,
+    require_model_file,
+    require_number,
+    run,
+)
 from cdlm.cli.sample import resolve_device
 from cdlm.evaluation import harness
 from cdlm.evaluation.quality import load_scorer
@@ -23,23 +32,35 @@ from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.samplers.grids import GRIDS
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
+    """Every option's type and range, before any work; ``overrides`` is not needed here."""
     require(cfg.ckpt is not None, "ckpt=PATH is required (a .safetensors file from cdlm-train)")
-    require(cfg.batch_size >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
-    require(
-        cfg.num_batches is None or cfg.num_batches >= 1,
-        f"num_batches must be >= 1 (or null for all), got {cfg.num_batches}",
+    require_number("batch_size", cfg.batch_size, integer=True, at_least=1)
+    require_number(
+        "num_batches",
+        cfg.num_batches,
+        integer=True,
+        at_least=1,
+        nullable=True,
+        note="(or null for all)",
     )
-    require(
-        0.0 < cfg.data.val_fraction < 1.0,
-        f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}",
-    )
+    require_number("data.val_fraction", cfg.data.val_fraction, above=0, below=1)
+    require_bool("data.packing", cfg.data.packing)
     for key in ("rtol", "atol"):
-        value = cfg.metric.get(key)
-        require(value is None or value > 0, f"metric.{key} must be > 0, got {value}")
+        if key in cfg.metric:
+            require_number(f"metric.{key}", cfg.metric[key], above=0)
+    for key in ("t_samples", "probes"):
+        if key in cfg.metric:
+            require_number(f"metric.{key}", cfg.metric[key], integer=True, at_least=1)
     for key in ("steps", "num_samples", "repeats", "likelihood_draws"):
-        require(cfg[key] >= 1, f"{key} must be >= 1, got {cfg[key]}")
-    require(cfg.grid in GRIDS, f"unknown grid {cfg.grid!r}; valid: {', '.join(GRIDS)}")
+        require_number(key, cfg[key], integer=True, at_least=1)
+    require_number("seed", cfg.seed, integer=True)
+    require_number("temperature", cfg.temperature, above=0)
+    require_choice("grid", cfg.grid, GRIDS)
+    for key in ("cut_at_eos", "wandb"):
+        require_bool(key, cfg[key])
+    resolve_device(cfg.device)
+    require_model_file(cfg.ckpt)
 
 
 def full_report(cfg: DictConfig) -> None:

@@ -15,7 +15,15 @@ from omegaconf import DictConfig, ListConfig
 from tqdm import tqdm
 
 from cdlm.checkpoint import Model, load_checkpoint
-from cdlm.cli.common import UsageError, require, run
+from cdlm.cli.common import (
+    UsageError,
+    require,
+    require_bool,
+    require_choice,
+    require_model_file,
+    require_number,
+    run,
+)
 from cdlm.generate import ROUNDINGS, default_sampler, generate
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_write_text
@@ -30,34 +38,44 @@ def scales(cfg: DictConfig) -> list[float]:
     return [float(v) for v in value] if isinstance(value, ListConfig) else [float(value)]
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
+    """Every option's type and range, before any work; ``overrides`` is not needed here."""
     require(cfg.ckpt is not None, "ckpt=PATH is required (a .safetensors file from cdlm-train)")
-    require(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
-    require(cfg.num_samples >= 1, f"num_samples must be >= 1, got {cfg.num_samples}")
-    require(cfg.seq_len is None or cfg.seq_len >= 1, f"seq_len must be >= 1, got {cfg.seq_len}")
+    require_number("steps", cfg.steps, integer=True, at_least=1)
+    require_number("num_samples", cfg.num_samples, integer=True, at_least=1)
+    for key, null in (("seq_len", "the training length"), ("batch_size", "one batch")):
+        note = f"(or null: {null})"
+        require_number(key, cfg[key], integer=True, at_least=1, nullable=True, note=note)
+    require_number("seed", cfg.seed, integer=True)
+    require_choice("grid", cfg.grid, GRIDS)
+    require_choice("rounding", cfg.rounding, ROUNDINGS)
+    require_bool("clamp", cfg.clamp)
+    require_bool("progress", cfg.progress)
+    require_number("temperature", cfg.temperature, above=0)
+    raw = cfg.guidance.scale
+    for w in raw if isinstance(raw, ListConfig) else [raw]:
+        require_number("guidance.scale", w, at_least=0, note="(0: unconditional, 1: conditional)")
     require(
-        cfg.batch_size is None or cfg.batch_size >= 1,
-        f"batch_size must be >= 1, got {cfg.batch_size}",
+        cfg.label is not None or all(w == 1.0 for w in scales(cfg)),
+        "guidance.scale needs label=NAME (a class-conditional model); without a label the "
+        f"samples are unconditional and the scale would be ignored (got {raw})",
     )
-    require(cfg.grid in GRIDS, f"unknown grid {cfg.grid!r}; valid: {', '.join(GRIDS)}")
-    require(
-        cfg.rounding in ROUNDINGS,
-        f"unknown rounding {cfg.rounding!r}; valid: {', '.join(ROUNDINGS)}",
-    )
-    require(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}")
-    for w in scales(cfg):
-        require(w >= 0, f"guidance.scale must be >= 0 (0: unconditional, 1: conditional), got {w}")
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
     require(len(inputs) <= 1, f"give at most one of prompt=, infill=, edit= (got {inputs})")
-    require(
-        0.0 < cfg.edit_strength <= 1.0, f"edit_strength must be in (0, 1], got {cfg.edit_strength}"
-    )
+    require_number("edit_strength", cfg.edit_strength, above=0, at_most=1)
+    resolve_device(cfg.device)
+    require_model_file(cfg.ckpt)
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UsageError(
+            f"unknown device {name!r}; valid: auto, cpu, cuda, cuda:N (or any torch device)"
+        ) from None
 
 
 def label_index(model: Model, label: str | None) -> int | None:
@@ -119,7 +137,7 @@ def sample(cfg: DictConfig) -> None:
         with tqdm(
             total=batches * per_batch,
             desc=f"scale {w:g}" if label is not None else "sampling",
-            disable=not cfg.progress,
+            disable=None if cfg.progress else True,  # None: on a terminal only
             file=sys.stderr,
             leave=False,
         ) as bar:

@@ -1,8 +1,8 @@
-"""``cdlm-train``: build data, process, network and trainer from the Hydra config, then fit."""
+"""``cdlm-train``: build data, process, network, module, callbacks and trainer from the Hydra
+config, then fit. Everything is chosen by ``_target_`` (conf/); this file only wires the
+vocabulary facts of the data into the process and the process's widths into the network."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
@@ -11,12 +11,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from cdlm.checkpoint import load_network_weights
 from cdlm.cli.common import default_wandb_mode, require, run
-from cdlm.generate import default_sampler
-from cdlm.training.callbacks import ExportModel, LogSamples
-from cdlm.training.module import DiffusionLM
 
 
-def validate(cfg: DictConfig) -> None:
+def _given(overrides: list[str] | None, key: str) -> bool:
+    """Whether the command line chose ``key`` (a group or a value)."""
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides or [])
+
+
+def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     require(cfg.data.seq_len >= 2, f"data.seq_len must be >= 2, got {cfg.data.seq_len}")
     require(cfg.data.batch_size >= 1, f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
     p = cfg.condition.dropout
@@ -26,13 +28,21 @@ def validate(cfg: DictConfig) -> None:
         steps is None or steps == -1 or steps >= 1,
         f"trainer.max_steps must be >= 1 (or -1 for no limit), got {steps}",
     )
-    warm = cfg.process.get("ar_steps", 0) + cfg.process.get("anneal_steps", 0)
+    ar, anneal = cfg.phases.ar, cfg.phases.anneal
     require(
-        not (steps and steps > 0 and warm >= steps),
-        f"process.ar_steps + process.anneal_steps = {warm} leave no diffusion training in "
-        f"trainer.max_steps={steps}; lower them (process.ar_steps=0 process.anneal_steps=0 "
-        "trains the diffusion objective from the first step)",
+        0.0 <= ar < 1.0 and 0.0 <= anneal and ar + anneal <= 1.0,
+        f"phases.ar and phases.anneal are shares of the budget (ar < 1, ar + anneal <= 1), got "
+        f"ar={ar}, anneal={anneal}",
     )
+    # Each process reads the schedule group that fits it; a choice it ignores is a mistake.
+    uses = OmegaConf.to_container(cfg.process).get("schedule")
+    for group in ("schedule", "mask_schedule"):
+        ignored = uses != f"${{{group}}}"
+        require(
+            not (_given(overrides, group) and ignored),
+            f"{group}= does not apply to process={cfg.process._target_.rsplit('.', 1)[-1]}; "
+            f"it reads {uses.strip('${}') if isinstance(uses, str) else 'no schedule'}=",
+        )
 
 
 def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:
@@ -66,44 +76,29 @@ def train(cfg: DictConfig) -> None:
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
     network_kwargs = process.network_kwargs | {
-        "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted masked prediction
+        "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted prediction
         "num_classes": len(data.labels) if cfg.condition.labels else 0,
     }
     network = instantiate(cfg.network, **network_kwargs)
     if cfg.init_from:
         load_network_weights(network, cfg.init_from)
-    module = DiffusionLM(
-        process,
-        network,
+    # A partial, called with the built objects: Hydra would turn them into configs.
+    module = instantiate(cfg.module, _partial_=True)(
+        process=process,
+        network=network,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=instantiate(cfg.get("lr_scheduler")),
-        label_dropout=cfg.condition.dropout,
-        eval_times=cfg.eval_times,
         log_prior=data.log_unigram(),
+        model_config=model_config(cfg, process_kwargs, network_kwargs, data.labels),
     )
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
-    callbacks += [
-        ExportModel(
-            out_dir / "model.safetensors",
-            model_config(cfg, process_kwargs, network_kwargs, data.labels),
-            data.tokenizer,
-        ),
-        LogSamples(
-            data.tokenizer,
-            cfg.data.seq_len,
-            instantiate(cfg.log_samples.sampler) or default_sampler(process),
-            cfg.log_samples.every_n_steps,
-            cfg.log_samples.num_samples,
-            cfg.log_samples.steps,
-        ),
-    ]
     logger = instantiate(cfg.logger) if cfg.logger else False
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     n_params = sum(p.numel() for p in module.parameters())
     print(
         f"cdlm-train: {n_params / 1e6:.2f}M parameters, vocab {data.vocab_size}, "
-        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output {out_dir}"
+        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output "
+        f"{HydraConfig.get().runtime.output_dir}"
     )
     trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
 

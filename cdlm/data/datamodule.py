@@ -13,16 +13,22 @@ from cdlm.data.tokenizer import corpus_bpe, pretrained
 
 
 class SequenceDataset(Dataset):
-    """tokens: (N, L) int64; labels: (N,) int64."""
+    """tokens: (N, L) int64; labels: (N,) int64; pad_id: with padded (unpacked) data, PAD
+    positions get ``valid`` False, so that losses and bits/token skip them (as MDLM does)."""
 
-    def __init__(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
-        self.tokens, self.labels = tokens, labels
+    def __init__(
+        self, tokens: torch.Tensor, labels: torch.Tensor, pad_id: int | None = None
+    ) -> None:
+        self.tokens, self.labels, self.pad_id = tokens, labels, pad_id
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"tokens": self.tokens[i], "label": self.labels[i]}
+        item = {"tokens": self.tokens[i], "label": self.labels[i]}
+        if self.pad_id is not None:
+            item["valid"] = self.tokens[i] != self.pad_id
+        return item
 
 
 class TextDataModule(L.LightningDataModule):
@@ -110,12 +116,16 @@ class TextDataModule(L.LightningDataModule):
     def _dataset(self, rows: list[tuple[list[int], str]]) -> SequenceDataset:
         index = {name: i for i, name in enumerate(self.labels)}
         tokens = torch.tensor([r[0] for r in rows], dtype=torch.long)
-        return SequenceDataset(tokens, torch.tensor([index[r[1]] for r in rows]))
+        pad = None if self.packing else self.tokenizer.pad_token_id
+        return SequenceDataset(tokens, torch.tensor([index[r[1]] for r in rows]), pad)
 
     def log_unigram(self) -> torch.Tensor:
         """(V,) log-frequencies of the training tokens (add-one smoothed): the no-context
         readout that training diagnostics compare the model against."""
-        counts = torch.bincount(self.train_set.tokens.flatten(), minlength=self.vocab_size)
+        tokens = self.train_set.tokens.flatten()
+        if self.train_set.pad_id is not None:
+            tokens = tokens[tokens != self.train_set.pad_id]
+        counts = torch.bincount(tokens, minlength=self.vocab_size)
         counts = counts.double() + 1.0
         return (counts / counts.sum()).log().float()
 

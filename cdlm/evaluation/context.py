@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from cdlm.checkpoint import Model
-from cdlm.denoiser import readout_evidence
-from cdlm.processes.base import level_metrics
+from cdlm.evaluation.levels import level_metrics
 from cdlm.rng import generator as generator_for
 
 
@@ -39,13 +38,9 @@ def context_use(
             sums |= {"oracle_acc": 0.0, "oracle_ce": 0.0}
         count = 0
         for batch in tokens.split(batch_size):
-            m = model.process.evaluate_at(
-                denoiser,
-                batch.to(device),
-                t,
-                generator,
-                log_prior.to(device),
-                None if transition is None else transition.to(device),
+            ev = model.process.evaluate_at(denoiser, batch.to(device), t, generator)
+            m = level_metrics(
+                ev, log_prior.to(device), None if transition is None else transition.to(device)
             )
             values = {
                 "acc": m.acc,
@@ -79,18 +74,17 @@ def context_ceiling(
     batch_size: int = 32,
     seed: int = 0,
 ) -> list[dict]:
-    """Gaussian models: accuracy/CE on tokens noised to ``target_time`` while the rest of the
-    sequence sits at each of ``context_times``, beside the no-context readout of the same
-    targets.
+    """Accuracy/CE on tokens noised to ``target_time`` while the rest of the sequence sits at
+    each of ``context_times``, beside the no-context readout of the same targets.
 
     Every ``stride``-th position is a target (each offset in turn, so every token is scored
     once); the others are context. With the context at ``target_time`` this is ``context_use``
     at that level; with it clean (0) it is what context can add to a token that noisy at best,
-    which bounds what any model can gain at a level where all tokens are that noisy. Needs
-    per-token levels (the network sees their mean; no self-conditioning)."""
+    which bounds what any model can gain at a level where all tokens are that noisy. Needs a
+    process that takes per-token levels (``evaluate_at`` with t of shape (B, L))."""
     process = model.process
-    if process.kind != "gaussian":
-        raise ValueError(f"context_ceiling needs a gaussian model, got {process.kind!r}")
+    if not process.noise_levels:
+        raise ValueError(f"context_ceiling needs noise levels; a {process.kind!r} model has none")
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     device = next(model.network.parameters()).device
@@ -102,17 +96,12 @@ def context_ceiling(
         sums, count = {"acc": 0.0, "base_acc": 0.0, "ce": 0.0, "base_ce": 0.0}, 0
         for batch in tokens.split(batch_size):
             batch = batch.to(device)
-            x0 = process.embedding(batch)
             for offset in range(min(stride, batch.shape[1])):
                 target = position % stride == offset
                 t = torch.full(batch.shape, level, device=device)
                 t[:, target] = target_time
-                noise = torch.randn(x0.shape, device=device, generator=generator)
-                x_t = process.corrupt(x0, t, noise)
-                logits = denoiser(x_t, t).logits[:, target].flatten(0, 1)
-                evidence = readout_evidence(process.embedding, process.schedule, x_t, t)
-                readout = (evidence + log_prior)[:, target].flatten(0, 1)
-                m = level_metrics(logits, batch[:, target].flatten(), readout)
+                ev = process.evaluate_at(denoiser, batch, t, generator)
+                m = level_metrics(ev, log_prior, where=target.expand_as(batch))
                 for key, value in zip(
                     sums, (m.acc, m.baseline_acc, m.ce, m.baseline_ce), strict=True
                 ):

@@ -32,13 +32,13 @@ def val_bits_per_token(
     exact: one pass."""
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
-    if model.process.kind == "autoregressive":
+    if model.process.exact_likelihood:
         draws = 1
     passes = [_one_draw(model, tokens, seed + d, batch_size) for d in range(draws)]
     values = [p["bits_per_token"] for p in passes]
     mean = sum(values) / draws
     spread = sum((v - mean) ** 2 for v in values) / max(1, draws - 1)
-    kind = "exact NLL" if model.process.kind == "autoregressive" else "ELBO bound"
+    kind = "exact NLL" if model.process.exact_likelihood else "ELBO bound"
     out = {"kind": kind, "bits_per_token": mean, "sequences": len(tokens), "draws": draws}
     if draws > 1:
         out |= {"std_error": math.sqrt(spread / draws), "per_draw": values}
@@ -48,7 +48,10 @@ def val_bits_per_token(
 
 
 def _one_draw(model: Model, tokens: torch.Tensor, seed: int, batch_size: int) -> dict:
-    if model.process.kind == "gaussian":
+    """One noise draw of the bound: the process's own eval-mode loss where that is a bound (or
+    exact), else (a CE-trained gaussian model) the VDM ELBO of ``cdlm.likelihood``. PAD
+    positions are not scored."""
+    if not model.process.loss_is_bound:
         result = evaluate(model, elbo, tokens, batch_size=batch_size, num_batches=None, seed=seed)
         return {
             "bits_per_token": result["bits_per_token"]["total"],
@@ -57,10 +60,15 @@ def _one_draw(model: Model, tokens: torch.Tensor, seed: int, batch_size: int) ->
     torch.manual_seed(mixed_seed(seed))
     device = next(model.network.parameters()).device
     den = model.process.make_denoiser(model.network)
-    nats = sum(
-        model.process.loss(den, b.to(device)).loss.item() * len(b) for b in tokens.split(batch_size)
-    )
-    return {"bits_per_token": nats / len(tokens) / math.log(2)}
+    pad = model.tokenizer.pad_token_id
+    nats, counted = 0.0, 0
+    for b in tokens.split(batch_size):
+        b = b.to(device)
+        valid = b != pad if pad is not None else torch.ones_like(b, dtype=torch.bool)
+        n = int(valid.sum())
+        nats += model.process.loss(den, {"tokens": b, "valid": valid}).loss.item() * n
+        counted += n
+    return {"bits_per_token": nats / max(counted, 1) / math.log(2)}
 
 
 def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer | None) -> dict:

@@ -75,14 +75,14 @@ def elbo(
         logsnr = lo + u[k].double() * (hi - lo)
         t = process.schedule.t_from_logsnr(logsnr).to(e.dtype)
         noise = torch.randn(e.shape, device=e.device, generator=generator, dtype=e.dtype)
-        x0_hat = denoiser(process.corrupt(e, t, noise), t).x0
+        x0_hat = denoiser(process.noised(e, t, noise), t).x0
         error = (e.double() - x0_hat.double()).pow(2).sum((-1, -2))
         diffusion += 0.5 * (hi - lo) * logsnr.exp() * error
     diffusion /= t_samples
     zero = torch.zeros(batch, device=e.device, dtype=e.dtype)
     noise = torch.randn(e.shape, device=e.device, generator=generator, dtype=e.dtype)
     reconstruction = rounding_nll(
-        process, denoiser, process.corrupt(e, zero, noise), tokens, decoder
+        process, denoiser, process.noised(e, zero, noise), tokens, decoder
     )
     terms = [bits_per_token(v, length) for v in (prior_kl(process, e), diffusion, reconstruction)]
     nfe = t_samples + (decoder == "model")

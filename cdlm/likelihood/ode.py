@@ -23,9 +23,9 @@ from scipy.integrate import solve_ivp
 from torch import Tensor
 
 from cdlm.denoiser import Denoiser
+from cdlm.integrators import check_method
 from cdlm.likelihood.terms import bits_per_token, rounding_nll
 from cdlm.processes.gaussian import GaussianProcess
-from cdlm.samplers.adaptive import METHODS
 from cdlm.schedules import Schedule
 
 
@@ -63,8 +63,7 @@ def flow_log_likelihood(
 ) -> FlowDensity:
     """log p_ode(x) for x: (B, L, D) at t = 0; ``denoiser`` must be a pure, differentiable
     function of (x_t, t) (e.g. ``likelihood_denoiser``)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+    check_method(method)
     if probes < 1:
         raise ValueError(f"probes must be >= 1, got {probes}")
     batch, n = x.shape[0], x[0].numel()
@@ -122,7 +121,7 @@ def ode_nll(
     e = process.embedding(tokens).detach()
     zero = torch.zeros(tokens.shape[0], device=e.device, dtype=e.dtype)
     noise = torch.randn(e.shape, device=e.device, generator=generator, dtype=e.dtype)
-    x = process.corrupt(e, zero, noise)
+    x = process.noised(e, zero, noise)
     density = flow_log_likelihood(
         denoiser,
         x,

@@ -23,14 +23,14 @@ class DeterministicSelfConditioned:
     def __init__(self, denoiser: Denoiser) -> None:
         self.denoiser = denoiser
 
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None) -> Prediction:
-        return self.denoiser(x_t, t, self.denoiser(x_t, t).x0)
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs) -> Prediction:
+        return self.denoiser(x_t, t, self.denoiser(x_t, t, **kwargs).x0, **kwargs)
 
 
 def likelihood_denoiser(process: GaussianProcess, network: nn.Module) -> Denoiser:
     """The denoiser the likelihoods score: self-conditioned if the model was trained with it."""
     denoiser = process.make_denoiser(network)
-    return DeterministicSelfConditioned(denoiser) if process.self_cond_prob > 0 else denoiser
+    return DeterministicSelfConditioned(denoiser) if process.input.self_cond_prob > 0 else denoiser
 
 
 def rounding_nll(

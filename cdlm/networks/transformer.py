@@ -5,7 +5,8 @@
 It takes explicit typed arguments and never reads a global config. It maps continuous inputs
 (B, L, in_dim), e.g. noisy token embeddings, plus a noise level per sequence to outputs
 (B, L, out_dim), e.g. token logits. The same code runs in fp32, under bf16 autocast, on CPU and on
-CUDA.
+CUDA. ``forward`` reads and extends a ``KVCache`` (``cdlm.networks.cache``) for cached AR,
+block-diffusion and Fast-dLLM decoding, and takes explicit rotary ``positions``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from cdlm.networks.cache import KVCache, LayerCache
 
 
 def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
@@ -27,7 +30,9 @@ def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tens
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding applied to queries and keys, (B, H, L, Dh)."""
+    """Rotary position embedding applied to queries and keys, (B, H, L, Dh). The tables are
+    built in fp32 whatever the model's dtype, so a float64 network's angles carry fp32 rounding
+    (about 1e-7): kept so that outputs stay bit-identical to earlier versions."""
 
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10_000.0) -> None:
         super().__init__()
@@ -36,10 +41,17 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        length = x.shape[-2]
-        cos = self.cos[offset : offset + length].to(x.dtype)
-        sin = self.sin[offset : offset + length].to(x.dtype)
+    def forward(self, x: Tensor, positions: Tensor | int = 0) -> Tensor:
+        """x: (B, H, L, Dh); positions: (L,) or (B, L) absolute positions, or an int, the first
+        of L consecutive ones (a slice of the tables, the fast path)."""
+        if isinstance(positions, int):
+            cos = self.cos[positions : positions + x.shape[-2]]
+            sin = self.sin[positions : positions + x.shape[-2]]
+        else:  # (L, Dh/2), or (B, 1, L, Dh/2) to broadcast over heads
+            cos, sin = self.cos[positions], self.sin[positions]
+            if positions.dim() == 2:
+                cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
@@ -73,10 +85,15 @@ class Block(nn.Module):
         h: Tensor,
         c: Tensor,
         rotary: Rotary,
-        causal: bool,
+        positions: Tensor | int,
         cache: LayerCache | None = None,
+        write: bool = True,
         mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Tensor:
+        """h: (B, L, d_model); c: (B, d_model) conditioning; positions: see ``Rotary``; the
+        chunk attends to ``cache``'s keys then its own, kept in ``cache`` if ``write``; mask:
+        (L, T + L) bool, True = visible."""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, dim=-1)
         b, length, d = h.shape
         q, k, v = (
@@ -84,34 +101,13 @@ class Block(nn.Module):
             .view(b, length, 3, self.n_heads, d // self.n_heads)
             .permute(2, 0, 3, 1, 4)
         )
-        offset = 0 if cache is None else cache.length
-        q, k = rotary(q, offset), rotary(k, offset)
+        q, k = rotary(q, positions), rotary(k, positions)
         if cache is not None:
-            k, v = cache.append(k, v)
-        # A cached decode step has one query that may see every key: no mask needed.
-        attn = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and offset == 0 and mask is None
-        )
+            k, v = cache.extend(k, v, write)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         attn = attn.transpose(1, 2).reshape(b, length, d)
         h = h + gate1[:, None] * self.dropout(self.proj(attn))
         return h + gate2[:, None] * self.dropout(self.mlp(modulate(self.norm2(h), shift2, scale2)))
-
-
-class LayerCache:
-    """Keys and values of one layer for incremental causal decoding, (B, H, T, Dh)."""
-
-    def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
 
 
 class Transformer(nn.Module):
@@ -128,7 +124,7 @@ class Transformer(nn.Module):
         self_condition: accept a second input of width ``in_dim`` (the previous estimate of the
             clean data, Chen et al. 2022 "Analog Bits"); zeros stand in when it is absent.
             Vector input only.
-        causal: causal instead of bidirectional attention (then ``forward`` accepts a KV cache).
+        causal: causal instead of bidirectional attention.
         num_classes: > 0 makes the network class-conditional: a label embedding (plus one for
             "no label", label -1) joins the noise conditioning of every adaLN block.
     """
@@ -191,32 +187,70 @@ class Transformer(nn.Module):
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
         return causal | (torch.rand(length, length, device=device) < self.future_visibility)
 
-    def new_cache(self) -> list[LayerCache]:
-        """An empty KV cache for incremental decoding (causal networks only)."""
-        if not self.causal:
-            raise ValueError("a KV cache needs a causal network")
-        return [LayerCache() for _ in self.blocks]
+    def new_cache(self) -> KVCache:
+        """An empty KV cache, for causal and bidirectional networks alike."""
+        return KVCache(len(self.blocks))
+
+    def _attention(
+        self, length: int, cache: KVCache | None, device: torch.device
+    ) -> tuple[Tensor | None, bool]:
+        """The (mask, is_causal) pair for a chunk of ``length`` queries; see ``KVCache``."""
+        if cache is None:
+            return self._annealed_mask(length, device), self.causal
+        if not self.causal and self.training and self.future_visibility < 1.0:
+            raise ValueError(
+                "the annealed attention mask (training with future_visibility < 1) has no "
+                "cached form: call without a cache, or put the network in eval mode"
+            )
+        if cache.length == 0:  # the same kernel path as an uncached call
+            return None, self.causal
+        return cache.chunk_mask(length, self.causal, device), False
+
+    def _positions(
+        self, batch: int, length: int, past: int, positions: Tensor | None
+    ) -> Tensor | int:
+        """Checks ``positions`` ((L,) or (B, L) ints, default past..past+L-1) against the
+        rotary tables; returns them, or the first one when they are the default range."""
+        limit = self.rotary.cos.shape[0]
+        if positions is None:
+            if past + length > limit:
+                raise ValueError(
+                    f"a sequence of {past + length} positions is longer than this network's "
+                    f"max_seq_len of {limit} (set at training from data.seq_len)"
+                )
+            return past
+        if positions.is_floating_point() or positions.shape not in ((length,), (batch, length)):
+            raise ValueError(
+                f"positions must be (L,) or (B, L) integers with B={batch}, L={length}, got "
+                f"{tuple(positions.shape)} {positions.dtype}"
+            )
+        if positions.numel():
+            low, high = (int(v) for v in positions.aminmax())  # one host sync per call
+            if low < 0 or high >= limit:
+                raise ValueError(
+                    f"positions must lie in [0, max_seq_len={limit}), got {low}..{high} "
+                    "(max_seq_len is set at training from data.seq_len)"
+                )
+        return positions
 
     def forward(
         self,
         x: Tensor,
         t: Tensor,
         self_cond: Tensor | None = None,
-        cache: list[LayerCache] | None = None,
+        cache: KVCache | None = None,
         label: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,)
-        noise level in [0, 1]; self_cond: (B, L, in_dim) or None; cache: from ``new_cache``, extended in place (after
-        a first call it takes one new position per call); label: (B,) class ids, -1 (or None)
-        for none."""
-        end = x.shape[1] + (cache[0].length if cache else 0)
-        if end > self.rotary.cos.shape[0]:
-            raise ValueError(
-                f"a sequence of {end} positions is longer than this network's max_seq_len of "
-                f"{self.rotary.cos.shape[0]} (set at training from data.seq_len)"
-            )
-        if cache is not None and cache[0].length and x.shape[1] != 1:
-            raise ValueError("after the first cached call, feed one new position per call")
+        noise level in [0, 1]; self_cond: (B, L, in_dim) or None; cache: from ``new_cache``,
+        attended to and, unless ``cache.frozen``, extended in place by this chunk of any length;
+        label: (B,) class ids, -1 (or None) for none; positions: (L,) or (B, L) absolute
+        positions for the rotary angles, default ``cache.length`` onward (0 without a cache).
+        Returns (B, L, out_dim)."""
+        length, past = x.shape[1], 0 if cache is None else cache.length
+        rope = self._positions(x.shape[0], length, past, positions)
         if self.self_condition:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
         if isinstance(self.in_proj, nn.Embedding) and x.is_floating_point():
@@ -230,8 +264,10 @@ class Transformer(nn.Module):
             c = c + self.label_embed(torch.where(label < 0, self.num_classes, label)).to(c.dtype)
         elif label is not None and bool((label >= 0).any()):
             raise ValueError("this network was trained without labels (num_classes=0)")
-        mask = self._annealed_mask(x.shape[1], x.device)
+        mask, is_causal = self._attention(length, cache, x.device)
+        write = cache is not None and not cache.frozen
         for i, block in enumerate(self.blocks):
-            h = block(h, c, self.rotary, self.causal, None if cache is None else cache[i], mask)
+            layer = None if cache is None else cache[i]
+            h = block(h, c, self.rotary, rope, layer, write, mask, is_causal)
         shift, scale = self.ada_out(c).chunk(2, dim=-1)
         return self.out_proj(modulate(self.norm_out(h), shift, scale))

@@ -1,14 +1,17 @@
-"""Noise processes: each owns its corruption, loss, prior and decoding."""
+"""Noise processes: each owns its time draw, corruption, loss, prior and decoding, behind the
+``Process`` protocol (``cdlm.processes.base``)."""
 
 from cdlm.processes.autoregressive import AutoregressiveProcess
-from cdlm.processes.base import LevelMetrics, LossOutput
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, Process
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
 
 __all__ = [
     "AutoregressiveProcess",
+    "Corrupted",
     "GaussianProcess",
-    "LevelMetrics",
+    "LevelEval",
     "LossOutput",
     "MaskedProcess",
+    "Process",
 ]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Prediction, Wrapper, full_precision
-from cdlm.processes.base import LossOutput, TokenProcess
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess, valid_mask
 
 
 class NextTokenPredictor:
@@ -20,19 +20,22 @@ class NextTokenPredictor:
     def __init__(self, network: nn.Module, bos_id: int) -> None:
         self.network, self.bos_id = network, bos_id
 
-    def shift(self, tokens: Tensor) -> Tensor:
+    @staticmethod
+    def shift_tokens(tokens: Tensor, bos_id: int) -> Tensor:
         """[BOS, x_0, ..., x_{L-2}]: the inputs whose outputs predict x_0 ... x_{L-1}."""
-        bos = torch.full_like(tokens[:, :1], self.bos_id)
+        bos = torch.full_like(tokens[:, :1], bos_id)
         return torch.cat([bos, tokens[:, :-1]], dim=1)
 
+    def shift(self, tokens: Tensor) -> Tensor:
+        return self.shift_tokens(tokens, self.bos_id)
+
     def __call__(
-        self, tokens: Tensor, t: Tensor | None = None, self_cond=None, cache=None, label=None
+        self, tokens: Tensor, t: Tensor | None = None, self_cond=None, **kwargs
     ) -> Prediction:
-        """tokens: (B, L) inputs (already shifted); cache: the network's KV cache or None;
-        label: (B,) class ids or None."""
+        """tokens: (B, L) inputs (already shifted); keywords (cache, label, positions) reach
+        the network."""
         zeros = torch.zeros(tokens.shape[0], device=tokens.device)
-        out = self.network(tokens, zeros, cache=cache, label=label)
-        return Prediction(logits=full_precision(out))
+        return Prediction(logits=full_precision(self.network(tokens, zeros, **kwargs)))
 
 
 class AutoregressiveProcess(TokenProcess):
@@ -42,6 +45,10 @@ class AutoregressiveProcess(TokenProcess):
 
     kind = "autoregressive"
     default_sampler = "ar"
+    loss_is_bound = True
+    exact_likelihood = True
+    noise_levels = False
+    sequential = True  # one sampler step (and callback) per token
     causal = True
 
     def __init__(self, vocab_size: int, bos_id: int) -> None:
@@ -57,11 +64,34 @@ class AutoregressiveProcess(TokenProcess):
     def make_denoiser(self, network: nn.Module) -> NextTokenPredictor:
         return NextTokenPredictor(network, self.bos_id)
 
-    def loss(self, denoiser: NextTokenPredictor, tokens: Tensor) -> LossOutput:
-        """Exact NLL of the sequence, nats per token."""
-        logits = denoiser(denoiser.shift(tokens)).logits
-        nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    def sample_t(self, n: int, generator=None, *, device=None, length=None) -> Tensor:
+        """No noise levels: zeros, so that level-agnostic callers work unchanged."""
+        return torch.zeros(
+            n, device=device if device is not None else getattr(generator, "device", None)
+        )
+
+    def corrupt(self, tokens: Tensor, t: Tensor, generator=None) -> Corrupted:
+        """The AR "corruption" is the shift: the model reads [BOS, x_0, ..., x_{L-2}]."""
+        x_t = NextTokenPredictor.shift_tokens(tokens, self.bos_id)
+        return Corrupted(tokens, tokens, x_t, t, torch.ones_like(tokens, dtype=torch.bool))
+
+    def weight(self, t: Tensor) -> Tensor:
+        return torch.ones_like(t)
+
+    def loss(
+        self, denoiser: NextTokenPredictor, batch: dict[str, Tensor], generator=None
+    ) -> LossOutput:
+        """Exact NLL of the sequence, nats per valid token."""
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        c = self.corrupt(tokens, self.sample_t(tokens.shape[0], device=tokens.device))
+        nll = F.cross_entropy(
+            denoiser(c.x_t).logits.flatten(0, 1), tokens.flatten(), reduction="none"
+        ).view_as(tokens)
+        nats = (nll * valid).sum() / valid.sum().clamp_min(1)
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
+
+    def evaluate_at(self, denoiser, tokens: Tensor, t, generator=None) -> LevelEval:
+        raise ValueError("the autoregressive baseline has no noise levels to evaluate at")
 
     def start(
         self,
@@ -96,7 +126,7 @@ class ForcePrefix(Wrapper):
         self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
 
     def __call__(self, tokens: Tensor, t=None, self_cond=None, cache=None, **kw) -> Prediction:
-        done = cache[0].length if cache else 0
+        done = cache[0].length if cache is not None and len(cache) else 0
         pred = self.denoiser(tokens, t, self_cond, cache=cache, **kw)
         pos = done + tokens.shape[1] - 1  # the position the last output predicts
         if pos >= self.ids.shape[1]:

@@ -1,113 +1,183 @@
-"""What every process shares: the loss record and the per-noise-level evaluation record.
+"""The ``Process`` protocol every noise process implements, and the records it returns.
 
-A process owns its corruption, its loss and its prior; the training loop only calls
-``process.loss(denoiser, tokens)``. See ``docs/architecture.md``.
+A process owns its time draw, its corruption, its loss weight, its prior and its loss; training,
+distillation, samplers and evaluation only talk to it through the methods below (see
+``docs/architecture.md``). Its methods named like queries change no state: the training-time
+phase (``ar_phase``, set by ``cdlm.training.phases.Phases``) is read, never advanced, and the
+time sampler learns only through an explicit ``observe``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cdlm.denoiser import Denoiser, full_precision
+
+
+@dataclass
+class Corrupted:
+    """One draw of the forward process, the same record for every process.
+
+    tokens: (B, L) clean ids; x0: the clean state in the process's space ((B, L, D) embeddings
+    or (B, L) ids); x_t: the corrupted state the denoiser reads; t: (B,) or per token (B, L)
+    levels; noisy: (B, L) bool, the positions whose own observation was corrupted (every
+    position for gaussian noise, the masked ones for masking); noise: the Gaussian draw
+    (gaussian only), so that a teacher and a student can see the very same x_t.
+    """
+
+    tokens: Tensor
+    x0: Tensor
+    x_t: Tensor
+    t: Tensor
+    noisy: Tensor
+    noise: Tensor | None = None
+
 
 @dataclass
 class LossOutput:
-    """loss: scalar to optimise; metrics: extra scalars to log (already detached)."""
+    """loss: scalar to optimise; metrics: extra scalars to log (already detached);
+    observation: (levels (n,), per-sequence losses (n,)) for the time sampler's ``observe``,
+    or None."""
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    observation: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass
-class LevelMetrics:
-    """Denoising quality at one fixed noise level t, averaged over all positions."""
+class LevelEval:
+    """The raw material of the per-noise-level diagnostics (``cdlm.evaluation.levels``).
 
-    ce: Tensor  # cross-entropy of the model's token prediction, nats/token
-    acc: Tensor  # argmax accuracy of the model's token prediction
-    # The same for the no-context readout at the same noise draw (the token's own noisy
-    # observation and the unigram prior, nothing else); None without a prior. A model uses
-    # context exactly where it beats this.
-    baseline_ce: Tensor | None = None
-    baseline_acc: Tensor | None = None
-    count: int = 0  # positions scored (masked ones only, for masked diffusion)
-    # The same for the exact denoiser of a bigram LM (``cdlm.evaluation.oracle``), if asked for.
-    oracle_ce: Tensor | None = None
-    oracle_acc: Tensor | None = None
+    logits: (B, L, V) the model's token logits; tokens: (B, L) the truth; scored: (B, L) bool,
+    the corrupted positions (the ones worth scoring); evidence: (B, L, V) log-likelihood of each
+    token given only the position's own observation (0 everywhere for a masked position, the
+    noisy-embedding readout for gaussian noise): the no-context readout and the emissions of the
+    exact bigram denoiser.
+    """
 
-
-def level_metrics(
-    logits: Tensor, target: Tensor, baseline: Tensor | None, oracle: Tensor | None = None
-) -> LevelMetrics:
-    """CE and accuracy of (N, V) ``logits`` on (N,) ``target``, and of ``baseline`` and
-    ``oracle`` logits."""
-    if target.numel() == 0:
-        zero = torch.zeros(())
-        none = None if baseline is None else zero
-        return LevelMetrics(ce=zero, acc=zero, baseline_ce=none, baseline_acc=none)
-
-    def ce_acc(z: Tensor) -> tuple[Tensor, Tensor]:
-        z = z.float()
-        return F.cross_entropy(z, target), (z.argmax(-1) == target).float().mean()
-
-    ce, acc = ce_acc(logits)
-    n = target.numel()
-    if baseline is None:
-        return LevelMetrics(ce=ce, acc=acc, count=n)
-    b_ce, b_acc = ce_acc(baseline)
-    o_ce, o_acc = ce_acc(oracle) if oracle is not None else (None, None)
-    return LevelMetrics(ce, acc, b_ce, b_acc, n, o_ce, o_acc)
+    logits: Tensor
+    tokens: Tensor
+    scored: Tensor
+    evidence: Tensor
 
 
-class AttentionPhases:
-    """AR pre-training inside a diffusion run, then attention annealed from causal to full
-    (DiffuLLaMA, Gong et al. 2025; Dream, Ye et al. 2025). A mixin for process modules: the
-    batch count is a buffer, so a resumed or exported model knows its phase."""
+@runtime_checkable
+class Process(Protocol):
+    """What gaussian, masked and autoregressive processes share.
 
-    ar_steps: int
-    anneal_steps: int
+    Class attributes say what a process can do, so callers ask instead of testing its kind:
+    ``kind`` (a name for reports and the sampler registry), ``default_sampler`` (a conf/sampler/
+    name), ``loss_is_bound`` (its eval-mode loss is a bound on -log p, or exact),
+    ``exact_likelihood``, ``noise_levels`` (``evaluate_at`` is defined), ``sequential`` (its
+    samplers call back once per token rather than once per step).
+    """
 
-    def _init_phases(self, ar_steps: int, anneal_steps: int, shift: bool) -> None:
-        if ar_steps < 0 or anneal_steps < 0:
-            raise ValueError(
-                f"ar_steps and anneal_steps must be >= 0, got {ar_steps}, {anneal_steps}"
-            )
-        if ar_steps and not shift:
-            raise ValueError("ar_steps > 0 needs shift=true (next-token prediction layout)")
-        self.ar_steps, self.anneal_steps = ar_steps, anneal_steps
-        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training batches seen
+    kind: str
+    default_sampler: str
+    loss_is_bound: bool
+    exact_likelihood: bool
+    noise_levels: bool
+    sequential: bool
+    vocab_size: int
+    ar_phase: bool
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # Models saved before the batch count existed load with a count of 0.
-        state_dict.setdefault(prefix + "step", torch.zeros((), dtype=torch.long))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    @property
+    def network_kwargs(self) -> dict[str, Any]: ...
 
-    def _training_phase(self, denoiser) -> bool:
-        """Advances the batch count and sets the network's share of visible future keys;
-        True while in the AR phase."""
-        self.step += 1
-        if not (self.ar_steps or self.anneal_steps):
-            return False  # no host sync on the common path
-        step = int(self.step) - 1
-        if step < self.ar_steps:
-            visibility = 0.0
-        elif self.anneal_steps:
-            visibility = min(1.0, (step - self.ar_steps) / self.anneal_steps)
-        else:
-            visibility = 1.0
-        network = getattr(denoiser, "network", None)
-        if not hasattr(network, "future_visibility"):
-            raise ValueError(
-                f"ar_steps/anneal_steps need a cdlm Transformer (attention annealing); got "
-                f"{type(network).__name__}"
-            )
-        network.future_visibility = visibility
-        return step < self.ar_steps
+    def make_denoiser(self, network: nn.Module) -> Denoiser: ...
+
+    def sampling_denoiser(
+        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
+    ) -> Denoiser: ...
+
+    def sample_t(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        *,
+        device: torch.device | None = None,
+        length: int | None = None,
+    ) -> Tensor: ...
+
+    def corrupt(
+        self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
+    ) -> Corrupted: ...
+
+    def weight(self, t: Tensor) -> Tensor: ...
+
+    def prior(
+        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
+    ) -> Tensor: ...
+
+    def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput: ...
+
+    def observe(self, out: LossOutput) -> None: ...
+
+    def start(
+        self, x: Tensor, ids: Tensor, editable: Tensor, seeded: Tensor, strength: float, generator
+    ) -> Tensor: ...
+
+    def hold_fixed(
+        self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator
+    ) -> Denoiser: ...
+
+    def evaluate_at(
+        self, denoiser: Denoiser, tokens: Tensor, t: float | Tensor, generator=None
+    ) -> LevelEval: ...
 
 
-class TokenProcess(nn.Module):
+def valid_mask(batch: dict[str, Tensor]) -> Tensor:
+    """(B, L) bool: the positions that count (PAD excluded when the data pads, as MDLM does)."""
+    tokens = batch["tokens"]
+    valid = batch.get("valid")
+    return torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+
+
+def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values`` (B, L) over the ``valid`` positions."""
+    return (values * valid).sum() / valid.sum().clamp_min(1)
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor, valid: Tensor) -> LossOutput:
+    """The AR phase of a shifted diffusion model: the next-token NLL of clean input, from
+    ``logits`` (B, L, V) whose row i predicts ``tokens[:, i]`` (the network's outputs 0..L-1 on
+    [BOS, x_0, ..., x_{L-1}] under causal attention)."""
+    nll = F.cross_entropy(
+        full_precision(logits).flatten(0, 1), tokens.flatten(), reduction="none"
+    ).view_as(tokens)
+    nats = masked_mean(nll, valid)
+    return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
+
+
+def shifted_network_logits(denoiser: Denoiser, tokens: Tensor, bos_id: int) -> Tensor:
+    """Outputs 0..L-1 of the network behind ``denoiser`` on clean [BOS, x_0, ..., x_{L-1}] (its
+    bound labels included): next-token logits under causal attention, (B, L, V)."""
+    bos = torch.full_like(tokens[:, :1], bos_id)
+    zeros = torch.zeros(tokens.shape[0], device=tokens.device)
+    label = getattr(denoiser, "label", None)  # bound by WithLabel in labelled runs
+    return denoiser.network(torch.cat([bos, tokens], 1), zeros, label=label)[:, :-1]
+
+
+class ProcessModule(nn.Module):
+    """Base of the process modules: the AR-phase flag the ``Phases`` callback sets, and the one
+    place where a training loss's statistics reach the time sampler."""
+
+    ar_phase = False  # True while a Phases callback trains the network as next-token predictor
+
+    def observe(self, out: LossOutput) -> None:
+        """Hands a training loss's (levels, losses) to the time sampler, if it learns."""
+        sampler = getattr(self, "time_sampler", None)
+        if out.observation is not None and sampler is not None:
+            sampler.observe(*out.observation)
+
+
+class TokenProcess(ProcessModule):
     """What the token-input processes (masked, autoregressive) share: a network that reads token
     ids, no self-conditioning, no clamping, and a canvas filled with one placeholder id that the
     sampler overwrites. Subclasses set ``causal`` and ``canvas_id``."""
@@ -125,12 +195,12 @@ class TokenProcess(nn.Module):
             "causal": self.causal,
         }
 
-    def make_denoiser(self, network: nn.Module):
+    def make_denoiser(self, network: nn.Module) -> Denoiser:
         raise NotImplementedError
 
     def sampling_denoiser(
         self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
-    ):
+    ) -> Denoiser:
         """The denoiser samplers see; ``condition`` wraps the network's denoiser first
         (guidance, fixed regions)."""
         if clamp:

@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.evaluation.oracle import markov_marginals
 from cdlm.processes.base import (
-    AttentionPhases,
-    LevelMetrics,
+    Corrupted,
+    LevelEval,
     LossOutput,
     TokenProcess,
-    level_metrics,
+    next_token_loss,
+    valid_mask,
 )
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -52,17 +52,17 @@ class MaskedDenoiser:
         z: Tensor,
         t: Tensor,
         self_cond: Tensor | None = None,
-        label: Tensor | None = None,
         subs: bool = True,
+        **kwargs,
     ) -> Prediction:
         """``subs=False`` skips the carry-over of unmasked inputs: the plain predictions at every
-        position (with a shifted causal network on clean input, next-token predictions)."""
+        position. Other keywords (label, cache, positions) reach the network."""
         zeros = torch.zeros(z.shape[0], device=z.device)
         if self.shift_from is None:
-            logits = full_precision(self.network(z, zeros, label=label))
+            logits = full_precision(self.network(z, zeros, **kwargs))
         else:
             bos = torch.full_like(z[:, :1], self.shift_from)
-            out = self.network(torch.cat([bos, z], dim=1), zeros, label=label)
+            out = self.network(torch.cat([bos, z], dim=1), zeros, **kwargs)
             logits = full_precision(out[:, :-1])
         no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         no_mask[self.mask_id] = True
@@ -73,7 +73,7 @@ class MaskedDenoiser:
         return Prediction(logits=torch.where((z != self.mask_id)[..., None], carried, logp))
 
 
-class MaskedProcess(AttentionPhases, TokenProcess):
+class MaskedProcess(TokenProcess):
     """Masked diffusion over token ids.
 
     Args:
@@ -84,20 +84,19 @@ class MaskedProcess(AttentionPhases, TokenProcess):
         schedule: a ``cdlm.schedules.MaskSchedule`` (log-linear or cosine).
         t_min: smallest training time; the ELBO weight 1/t is unbounded at 0 (MDLM uses 1e-3).
         shift: Dream-style shifted prediction (position i predicted from output i - 1, after a
-            BOS = ``eos_id``); needed to start from an AR checkpoint, and faster from scratch.
-        ar_steps: train the first ``ar_steps`` batches as a next-token predictor (causal
-            attention, clean input; needs ``shift``), then switch to the masked objective: AR
-            pre-training inside the same run and budget (DiffuLLaMA / Dream adaptation).
-        anneal_steps: after the AR phase (or from the start, e.g. with ``init_from`` an AR
-            checkpoint), open attention from causal to full over this many batches, each future
-            key visible with a probability rising from 0 to 1 (DiffuLLaMA, Gong et al. 2025).
+            BOS = ``eos_id``); needed to start from an AR checkpoint or to train an AR phase
+            (``cdlm.training.phases``), and faster from scratch.
         time_sampler: where training draws t (``cdlm.time_samplers``: stratified uniform, the
-            unbiased bound, by default; a mask-rate curriculum; CDCD warping). Validation always
+            unbiased bound, by default; a mask-rate curriculum; CDCD warping). Evaluation always
             uses stratified uniform t, so the logged bound is the true one.
     """
 
     kind = "masked"
     default_sampler = "ancestral"
+    loss_is_bound = True  # in eval mode the loss is the continuous-time ELBO
+    exact_likelihood = False
+    noise_levels = True
+    sequential = False
     causal = False
 
     def __init__(
@@ -109,8 +108,6 @@ class MaskedProcess(AttentionPhases, TokenProcess):
         t_min: float = 1e-3,
         time_sampler: TimeSampler | None = None,
         shift: bool = False,
-        ar_steps: int = 0,
-        anneal_steps: int = 0,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -126,104 +123,105 @@ class MaskedProcess(AttentionPhases, TokenProcess):
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
-        self._init_phases(ar_steps, anneal_steps, shift)
 
     @property
     def canvas_id(self) -> int:
         return self.mask_id
 
+    @property
+    def next_token_layout(self) -> bool:
+        """Whether the network can be trained as a next-token predictor (an AR phase)."""
+        return self.shift
+
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return MaskedDenoiser(network, self.mask_id, self.eos_id if self.shift else None)
 
+    def keep(self, t: Tensor) -> Tensor:
+        """keep(t) shaped to mask (B, L): t is (B,) or per token (B, L)."""
+        keep = self.schedule.keep(t)
+        return keep[:, None] if keep.dim() == 1 else keep
+
     def corrupt(
         self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Masks each token with probability 1 - keep(t). Returns (z_t, masked) of (B, L)."""
+    ) -> Corrupted:
+        """Masks each token with probability 1 - keep(t); t: (B,) or per token (B, L)."""
         u = torch.rand(tokens.shape, device=tokens.device, generator=generator)
-        masked = u >= self.schedule.keep(t)[:, None]
-        return torch.where(masked, self.mask_id, tokens), masked
+        masked = u >= self.keep(t)
+        z = torch.where(masked, self.mask_id, tokens)
+        return Corrupted(tokens=tokens, x0=tokens, x_t=z, t=t, noisy=masked)
 
-    def elbo(
-        self, denoiser: Denoiser, tokens: Tensor, t: Tensor, z: Tensor, masked: Tensor
-    ) -> Tensor:
-        """The ELBO integrand for given times and masks, in nats per token, (B,)."""
-        return self._elbo_terms(denoiser, tokens, t, z, masked)[0]
+    def weight(self, t: Tensor) -> Tensor:
+        """The ELBO weight of the masked CE at t: -keep'(t) / (1 - keep(t)) (MDLM eq. 10)."""
+        return -self.schedule.dkeep(t) / (1.0 - self.schedule.keep(t))
 
-    def _elbo_terms(
-        self, denoiser: Denoiser, tokens: Tensor, t: Tensor, z: Tensor, masked: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """(ELBO integrand (B,), mean CE per masked token (B,)), both in nats."""
+    def elbo(self, denoiser: Denoiser, c: Corrupted, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """(ELBO integrand summed over valid positions (B,), mean CE per masked token (B,)),
+        both in nats."""
         nll = F.cross_entropy(
-            denoiser(z, t).logits.flatten(0, 1), tokens.flatten(), reduction="none"
-        ).view_as(tokens)
-        weight = -self.schedule.dkeep(t) / (1.0 - self.schedule.keep(t))
-        masked_nll = (nll * masked).sum(-1)
-        per_masked = masked_nll / masked.sum(-1).clamp_min(1)
-        return weight * masked_nll / tokens.shape[1], per_masked
+            denoiser(c.x_t, c.t).logits.flatten(0, 1), c.tokens.flatten(), reduction="none"
+        ).view_as(c.tokens)
+        scored = c.noisy & valid
+        masked_nll = (nll * scored).sum(-1)
+        per_masked = masked_nll / scored.sum(-1).clamp_min(1)
+        return self.weight(c.t) * masked_nll, per_masked
 
-    def sample_t(self, n: int, device: torch.device, generator=None) -> Tensor:
-        """Uniform stratified times in [t_min, 1): the draw of the unbiased bound."""
-        return self.t_min + (1.0 - self.t_min) * stratified_times(n, device, generator)
+    def sample_t(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        *,
+        device: torch.device | None = None,
+        length: int | None = None,
+    ) -> Tensor:
+        """Times in [t_min, 1): the time sampler's draw in training, stratified uniform (the
+        draw of the unbiased bound) in evaluation."""
+        device = device if device is not None else getattr(generator, "device", None)
+        u = (
+            self.time_sampler(n, device, generator)
+            if self.training
+            else stratified_times(n, device, generator)
+        )
+        return self.t_min + (1.0 - self.t_min) * u
 
-    def loss(self, denoiser: Denoiser, tokens: Tensor) -> LossOutput:
-        """The continuous-time ELBO integrand at t from the time sampler (training) or
-        stratified uniform t (evaluation: an unbiased bound on -log p in nats). In the AR phase
-        of training: the next-token NLL of clean input under causal attention."""
-        n = tokens.shape[0]
-        if self.training and self._training_phase(denoiser):
-            logits = denoiser(tokens, torch.zeros(n, device=tokens.device), subs=False).logits
-            nats = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-            return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
+    def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
+        """The continuous-time ELBO integrand in nats per valid token, at t from ``sample_t``
+        (in evaluation an unbiased bound on -log p). In the AR phase of training: the next-token
+        NLL of clean input under causal attention."""
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        if self.training and self.ar_phase:
+            if not self.shift:
+                raise ValueError("an AR phase needs process.shift=true (next-token layout)")
+            zeros = torch.zeros(tokens.shape[0], device=tokens.device)
+            return next_token_loss(denoiser(tokens, zeros, subs=False).logits, tokens, valid)
+        t = self.sample_t(tokens.shape[0], generator, device=tokens.device)
+        c = self.corrupt(tokens, t, generator)
+        integrand, per_masked = self.elbo(denoiser, c, valid)
+        nats = integrand.sum() / valid.sum().clamp_min(1)
+        observation = None
         if self.training:
-            u = self.time_sampler(n, tokens.device)
-            t = self.t_min + (1.0 - self.t_min) * u
-        else:
-            t = self.sample_t(n, tokens.device)
-        z, masked = self.corrupt(tokens, t)
-        integrand, per_masked = self._elbo_terms(denoiser, tokens, t, z, masked)
-        if self.training:
-            seen = masked.any(-1)  # a row without masks says nothing about its level
-            self.time_sampler.observe(u[seen], per_masked[seen])
-        nats = integrand.mean()
-        return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
+            seen = (c.noisy & valid).any(-1)  # a row without masks says nothing about its level
+            u = (t - self.t_min) / (1.0 - self.t_min)  # the time sampler's own units
+            observation = (u[seen].detach(), per_masked[seen].detach())
+        return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)}, observation)
 
     @torch.no_grad()
     def evaluate_at(
-        self,
-        denoiser: Denoiser,
-        tokens: Tensor,
-        t: float,
-        generator: torch.Generator | None = None,
-        log_prior: Tensor | None = None,
-        transition: Tensor | None = None,
-    ) -> LevelMetrics:
-        """CE/accuracy of the prediction on the masked positions at mask time t; with the
-        unigram ``log_prior`` (V,) also of the no-context readout (the prior itself: a masked
-        token's own observation says nothing); with a bigram ``transition`` (V, V) as well, of
-        the exact bigram denoiser (``cdlm.evaluation.oracle``)."""
-        tt = torch.full((tokens.shape[0],), t, device=tokens.device)
-        z, masked = self.corrupt(tokens, tt, generator)
-        logits = denoiser(z, tt).logits[masked]
-        baseline = oracle = None
-        if log_prior is not None:
-            baseline = log_prior.float().expand_as(logits)
-            if transition is not None:
-                # a visible token is its own observation; a masked one observes nothing
-                seen = torch.full((*z.shape, self.vocab_size), -math.inf, device=z.device)
-                seen.scatter_(-1, z[..., None], 0.0)
-                emission = torch.where(masked[..., None], 0.0, seen)
-                marginals = markov_marginals(emission, transition, log_prior.exp())
-                oracle = marginals.clamp_min(1e-30).log()[masked]
-        return level_metrics(logits, tokens[masked], baseline, oracle)
+        self, denoiser: Denoiser, tokens: Tensor, t: float | Tensor, generator=None
+    ) -> LevelEval:
+        """The model's log-probabilities at mask time t (a float, (B,) or per token (B, L)),
+        scored on the masked positions, beside each position's own evidence: nothing for a
+        masked token (0), the token itself for a visible one."""
+        if not torch.is_tensor(t):
+            t = torch.full((tokens.shape[0],), float(t), device=tokens.device)
+        c = self.corrupt(tokens, t, generator)
+        logits = denoiser(c.x_t, c.t).logits
+        seen = torch.full(logits.shape, -math.inf, device=tokens.device)
+        seen.scatter_(-1, c.x_t[..., None], 0.0)
+        evidence = torch.where(c.noisy[..., None], 0.0, seen)
+        return LevelEval(logits, tokens, c.noisy, evidence)
 
     def start(
-        self,
-        x: Tensor,
-        ids: Tensor,
-        editable: Tensor,
-        seeded: Tensor,
-        strength: float,
-        generator,
+        self, x: Tensor, ids: Tensor, editable: Tensor, seeded: Tensor, strength: float, generator
     ) -> Tensor:
         """The starting canvas: the fixed tokens of ``ids`` (B, L), never masked, and the
         editable positions masked; with strength < 1 (editing) each ``seeded`` editable position

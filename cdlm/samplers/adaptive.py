@@ -17,11 +17,10 @@ from scipy.integrate import solve_ivp
 from torch import Tensor
 
 from cdlm.denoiser import Denoiser, Prediction
+from cdlm.integrators import check_method
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
 from cdlm.schedules import Schedule
-
-METHODS = ("RK23", "RK45", "DOP853")  # explicit pairs: each accepted step ends with f(t_new)
 
 
 class LogSigmaField:
@@ -81,8 +80,7 @@ def sample_adaptive(
     ``steps=1`` that is one solve from t = 1 to 0). Each interval restarts the solver, so use
     few steps. x: (B, L, D) prior draw; timesteps: (T+1,) from 1 to 0.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+    check_method(method)
     if rtol <= 0 or atol <= 0:
         raise ValueError(f"rtol and atol must be > 0, got {rtol}, {atol}")
     schedule = process.schedule

@@ -29,8 +29,17 @@ def _from_logsnr(logsnr: Tensor, schedule: Schedule) -> Tensor:
 
 
 def _endpoints(schedule: Schedule | None, name: str, device) -> tuple[Tensor, Tensor]:
-    if schedule is None:
-        raise ValueError(f"grid {name!r} needs the process's noise schedule")
+    # by capability, not process kind: any schedule with a log-SNR and its inverse will do
+    if not (hasattr(schedule, "logsnr") and hasattr(schedule, "t_from_logsnr")):
+        found = (
+            "this model has none"
+            if schedule is None
+            else f"this model's schedule is {type(schedule).__name__}"
+        )
+        raise ValueError(
+            f"grid={name!r} needs the process's noise schedule with a log-SNR (a gaussian "
+            f"model); {found}; use grid=uniform"
+        )
     ends = torch.tensor([1.0, 0.0], dtype=torch.float64, device=device)
     lo, hi = schedule.logsnr(ends)
     return lo, hi
@@ -84,8 +93,8 @@ def warped_grid(
     _check(steps)
     if warp is None:
         raise ValueError(
-            "grid 'warped' needs a model trained with the CDCD time warping "
-            "(time_sampler@process.time_sampler=warped)"
+            "grid='warped' needs a model trained with the CDCD time warping "
+            "(time_sampler@process.time_sampler=warped); use grid=uniform"
         )
     t = warp(torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64, device=device))
     t[0], t[-1] = 1.0, 0.0

@@ -1,8 +1,10 @@
-"""Training callbacks: model export, sample logging and throughput.
+"""Training callbacks: model export, sample logging and throughput (conf/callbacks/).
 
-Both act at the start of validation, where Lightning's ``EMAWeightAveraging`` (listed before them)
-has already swapped the averaged weights in, and at the end of training, after it has copied them
-into the model: what they export and sample is always the EMA model.
+Export and sample logging act at the start of validation, where the EMA callback
+(``cdlm.training.ema.EMA``, listed before them) has already swapped the averaged weights in, and
+at the end of training, after it has copied them into the model: what they export and sample is
+always the EMA model. They read the tokenizer from the datamodule and the model's configs from
+the LightningModule (``model_config``), so they are built from config like any callback.
 """
 
 from __future__ import annotations
@@ -10,56 +12,52 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from torch.optim.swa_utils import get_ema_avg_fn
 
 from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.evaluation.speed import peak_memory_mb
-from cdlm.generate import generate
+from cdlm.generate import default_sampler, generate
 
 
 class ExportModel(L.Callback):
-    """Writes the self-contained ``.safetensors`` model (atomically) at each validation and at
-    the end of training. ``config`` holds the process/network configs that rebuild the model."""
+    """Writes the self-contained ``.safetensors`` model (atomically, once, from rank 0) at each
+    validation and at the end of training: the module's process and network, the datamodule's
+    tokenizer, and ``pl_module.model_config`` (the configs that rebuild the model)."""
 
-    def __init__(self, path: str, config: dict[str, Any], tokenizer: Any) -> None:
-        self.path, self.config, self.tokenizer = Path(path), config, tokenizer
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
 
     @rank_zero_only
-    def _export(self, pl_module: L.LightningModule) -> None:
-        save_checkpoint(
-            self.path, Model(pl_module.process, pl_module.network, self.tokenizer, self.config)
-        )
+    def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tokenizer = trainer.datamodule.tokenizer
+        model = Model(pl_module.process, pl_module.network, tokenizer, pl_module.model_config)
+        save_checkpoint(self.path, model)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            self._export(pl_module)
+            self._export(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._export(pl_module)
+        self._export(trainer, pl_module)
         rank_zero_info(f"model written to {self.path}")
 
 
 class LogSamples(L.Callback):
     """At the first validation after every ``every_n_steps`` steps, and at the end of training,
-    draws a few samples and logs them as a W&B table (and to the console), so a run's progress can
-    be read, not just its loss. ``sampler`` is any sampler fitting the process."""
+    draws a few samples of the datamodule's sequence length and logs them as a W&B table (and to
+    the console), so a run's progress can be read, not just its loss. ``sampler``: any sampler
+    fitting the process (None: the process's default)."""
 
     def __init__(
         self,
-        tokenizer: Any,
-        seq_len: int,
-        sampler: Callable,
+        sampler: Callable | None = None,
         every_n_steps: int = 500,
         num_samples: int = 4,
         steps: int = 32,
     ) -> None:
-        self.tokenizer, self.seq_len, self.sampler = tokenizer, seq_len, sampler
+        self.sampler = sampler
         self.every, self.num_samples, self.steps = every_n_steps, num_samples, steps
         self.last_step = 0
 
@@ -67,14 +65,15 @@ class LogSamples(L.Callback):
         if self.num_samples < 1 or trainer.global_step == self.last_step:
             return
         self.last_step = trainer.global_step
+        data = trainer.datamodule
         gen = generate(
             pl_module.process,
             pl_module.network,
-            self.tokenizer,
-            self.sampler,
+            data.tokenizer,
+            self.sampler or default_sampler(pl_module.process),
             steps=self.steps,
             num_samples=self.num_samples,
-            seq_len=self.seq_len,
+            seq_len=data.seq_len,
         )
         rows = [[trainer.global_step, s.text] for s in gen.samples]
         for _, text in rows:
@@ -120,29 +119,3 @@ class Throughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         rank_zero_info(", ".join(f"{k}={v:.1f}" for k, v in metrics.items()))
-
-
-class EMA(WeightAveraging):
-    """Lightning's weight averaging with an EMA whose decay warms up (``ema_with_warmup``);
-    ``warmup=False`` gives the plain fixed-decay EMA of ``EMAWeightAveraging``."""
-
-    def __init__(self, decay: float = 0.999, warmup: bool = True, **kwargs) -> None:
-        avg_fn = ema_with_warmup(decay) if warmup else get_ema_avg_fn(decay)
-        super().__init__(avg_fn=avg_fn, **kwargs)
-
-
-def ema_with_warmup(decay: float = 0.999) -> Callable:
-    """An ``avg_fn`` for Lightning's ``WeightAveraging``: EMA whose decay ramps up as
-    min(decay, (1 + n) / (10 + n)) over the n updates so far (the warmup of TensorFlow's
-    ExponentialMovingAverage with num_updates). A fixed 0.999 would keep most of the random
-    initialisation in a run of a few hundred steps; the ramp lets short runs have a useful EMA and
-    long runs the full one."""
-    if not 0.0 <= decay < 1.0:
-        raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-
-    def avg_fn(averaged: torch.Tensor, current: torch.Tensor, num_averaged) -> torch.Tensor:
-        n = float(num_averaged)
-        d = min(decay, (1.0 + n) / (10.0 + n))
-        return averaged * d + current * (1.0 - d)
-
-    return avg_fn

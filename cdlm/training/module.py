@@ -12,7 +12,9 @@ from torch import nn
 
 from cdlm import rng
 from cdlm.denoiser import Denoiser
+from cdlm.evaluation.levels import level_metrics
 from cdlm.guidance import WithLabel, drop_labels
+from cdlm.processes.base import Process
 
 
 def _cosine(progress: float, min_ratio: float) -> float:
@@ -86,10 +88,10 @@ def wallclock_cosine(
 
 
 class DiffusionLM(L.LightningModule):
-    """Trains any process with any network.
+    """Trains any process with any network (``conf/module/diffusion.yaml``).
 
     Args:
-        process: owns corruption, loss and prior (``cdlm.processes``).
+        process: owns the time draw, corruption, loss and prior (``cdlm.processes.Process``).
         network: maps (x_t, t, self_cond) to the process's prediction.
         optimizer: partial taking the parameters (Hydra ``_partial_: true``).
         lr_scheduler: optional partial taking the optimizer; stepped every optimizer step.
@@ -101,23 +103,29 @@ class DiffusionLM(L.LightningModule):
             logs the no-context readout at each level (``val/base_ce_t*``, ``val/base_acc_t*``)
             and the model's accuracy over it (``val/context_gain_t*``): the diagnostic that shows
             when a model starts using context.
+        model_config: the resolved configs that rebuild the model from a checkpoint (written by
+            ``cdlm.training.callbacks.ExportModel``).
     """
 
     def __init__(
         self,
-        process: nn.Module,
+        process: Process,
         network: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         label_dropout: float = 0.1,
         eval_times: Sequence[float] = (0.1, 0.5, 0.9),
         log_prior: torch.Tensor | None = None,
+        model_config: dict | None = None,
     ) -> None:
         super().__init__()
+        if not 0.0 <= label_dropout <= 1.0:
+            raise ValueError(f"label_dropout must be in [0, 1], got {label_dropout}")
         self.process, self.network = process, network
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.eval_times = tuple(eval_times)
         self.label_dropout = label_dropout
+        self.model_config = model_config or {}
         self.register_buffer("log_prior", log_prior, persistent=False)
 
     @property
@@ -128,22 +136,23 @@ class DiffusionLM(L.LightningModule):
         denoiser = self.denoiser
         if getattr(self.network, "num_classes", 0) > 0:
             denoiser = WithLabel(denoiser, drop_labels(batch["label"], self.label_dropout))
-        out = self.process.loss(denoiser, batch["tokens"])
+        out = self.process.loss(denoiser, batch)
+        self.process.observe(out)  # the one place a learned time sampler sees the losses
         self.log("train/loss", out.loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in out.metrics.items()})
         return out.loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        tokens = batch["tokens"]
         # Fixed noise per batch, so validation curves compare checkpoints, not noise draws.
-        generator = rng.generator(batch_idx, tokens.device)
-        out = self.process.loss(self.denoiser, tokens)
+        generator = rng.generator(batch_idx, batch["tokens"].device)
+        out = self.process.loss(self.denoiser, batch, generator)
         self.log("val/loss", out.loss, prog_bar=True)
         self.log_dict({f"val/{k}": v for k, v in out.metrics.items()})
-        if not hasattr(self.process, "evaluate_at"):  # no noise levels (autoregressive)
+        if not self.process.noise_levels:
             return
         for t in self.eval_times:
-            m = self.process.evaluate_at(self.denoiser, tokens, t, generator, self.log_prior)
+            ev = self.process.evaluate_at(self.denoiser, batch["tokens"], t, generator)
+            m = level_metrics(ev, self.log_prior)
             self.log(f"val/ce_t{t:g}", m.ce)
             self.log(f"val/acc_t{t:g}", m.acc)
             if m.baseline_acc is not None:

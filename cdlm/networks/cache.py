@@ -1,0 +1,118 @@
+"""The Transformer's KV cache: the seam for cached AR decoding, block diffusion and
+Fast-dLLM-style cached diffusion decoding (Wu et al. 2025).
+
+A cache holds, per layer, the keys and values of every position written so far, in the order
+they were written. What a new chunk sees is fixed by the network: a causal network's chunk sees
+every cached key plus the chunk's keys up to its own index; a bidirectional network's chunk sees
+every cached key and every key of the chunk. Rotary angles come from each call's ``positions``
+(by default the next ``cache.length`` onward), so the order of writing need not be the order of
+positions. Cached keys and values keep the noise level and label of the call that wrote them.
+
+Three uses:
+
+- AR decoding: write each new chunk (one token, or a prefill of any length).
+- Block diffusion (Arriola et al. 2025): write the clean prefix; denoise the next block over
+  several steps inside ``with cache.read_only():`` (each step attends to the fixed prefix and
+  writes nothing); then one ordinary call on the committed block appends it.
+- Fast-dLLM dual cache: refresh by writing [prefix, suffix, block] in one call with positions
+  [0..p-1, p+b..L-1, p..p+b-1] (bidirectional attention with explicit positions does not care
+  about order, so this equals one plain pass over the sequence), then ``cache.truncate(p + s)``
+  to drop the block's stale entries; each denoising step of the block then runs read-only with
+  positions p..p+b-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+
+class LayerCache:
+    """Keys and values of one layer, (B, H, T, Dh) each, in the order they were written."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions T."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def extend(self, k: Tensor, v: Tensor, write: bool = True) -> tuple[Tensor, Tensor]:
+        """The cached keys and values followed by a chunk's, (B, H, T + L, Dh) each, from the
+        chunk's (B, H, L, Dh). Only a ``write`` keeps the chunk for later calls."""
+        if self.k is None or self.v is None:
+            keys, values = k, v
+        else:
+            keys, values = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        if write:
+            self.k, self.v = keys, values
+        return keys, values
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+        if self.k is None or self.v is None:
+            return
+        if length == 0:
+            self.k = self.v = None
+        else:
+            self.k, self.v = self.k[..., :length, :], self.v[..., :length, :]
+
+
+class KVCache:
+    """One ``LayerCache`` per Transformer block, list-like (``len(cache)`` layers, ``cache[i]``),
+    from ``Transformer.new_cache()``; ``forward(..., cache=cache)`` reads and extends it.
+
+    While ``frozen`` is True (set it, or use ``read_only()``), forward passes attend to the
+    cache without writing into it, so a block can be denoised over several steps against a fixed
+    prefix.
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layers)]
+        self.frozen = False
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> LayerCache:
+        return self.layers[i]
+
+    def __iter__(self) -> Iterator[LayerCache]:
+        return iter(self.layers)
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions (the same in every layer)."""
+        return self.layers[0].length if self.layers else 0
+
+    def truncate(self, length: int) -> None:
+        """Drop every position after the first ``length``, e.g. to replace a block or to roll
+        back a rejected draft."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        for layer in self.layers:
+            layer.truncate(length)
+
+    @contextmanager
+    def read_only(self) -> Iterator[KVCache]:
+        """Forward passes inside attend to the cache but leave it unchanged."""
+        before, self.frozen = self.frozen, True
+        try:
+            yield self
+        finally:
+            self.frozen = before
+
+    def chunk_mask(self, length: int, causal: bool, device: torch.device) -> Tensor | None:
+        """Which keys a new chunk of ``length`` queries may see, (length, self.length + length)
+        bool, True = visible; None when it sees every key. A causal chunk's query i sits at
+        index T + i and sees keys up to it (``is_causal`` alone would align the triangle to the
+        top left, wrong once T > 0)."""
+        if not causal or length == 1:
+            return None
+        past = self.length
+        return torch.ones(length, past + length, dtype=torch.bool, device=device).tril(past)
