@@ -26,8 +26,8 @@ TINY_TRAIN = [
     "logger=csv",
     "trainer.log_every_n_steps=1",
     "lr_scheduler.warmup_steps=1",
-    "log_samples.num_samples=1",
-    "log_samples.steps=2",
+    "callbacks.samples.num_samples=1",
+    "callbacks.samples.steps=2",
 ]
 
 
@@ -86,11 +86,7 @@ def train_tiny(tmp_path_factory, corpus: Path, *overrides: str) -> Path:
 def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     # the default recipe with every phase run: one AR batch, one annealing batch, one diffusion
     return train_tiny(
-        tmp_path_factory,
-        tiny_corpus,
-        "process.embed_dim=8",
-        "process.ar_steps=1",
-        "process.anneal_steps=1",
+        tmp_path_factory, tiny_corpus, "process.embed_dim=8", "phases.ar=0.3", "phases.anneal=0.3"
     )
 
 
@@ -98,11 +94,7 @@ def tiny_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
 def tiny_masked_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     # one AR batch, one annealing batch, one masked batch: every phase of the recipe runs
     return train_tiny(
-        tmp_path_factory,
-        tiny_corpus,
-        "process=masked",
-        "process.ar_steps=1",
-        "process.anneal_steps=1",
+        tmp_path_factory, tiny_corpus, "process=masked", "phases.ar=0.3", "phases.anneal=0.3"
     )
 
 

@@ -66,8 +66,16 @@ def _first_of_sweeps(overrides: list[str]) -> list[str]:
 def _unknown_key_message(config_name: str, key: str, overrides: list[str]) -> str:
     """Lists the valid keys next to the unknown one, in the config the other overrides select."""
     others = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key.lstrip("+~")]
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        base = compose(config_name, overrides=others)
+    # the others may hold a second unknown key: then the defaults alone list the options
+    for attempt in (others, []):
+        try:
+            with initialize_config_dir(str(config_dir()), version_base="1.3"):
+                base = compose(config_name, overrides=attempt)
+            break
+        except (HydraException, OmegaConfBaseException):
+            continue
+    else:
+        return f"unknown config option {key!r}"
     *parents, leaf = key.lstrip("+~").split(".")
     node = OmegaConf.select(base, ".".join(parents)) if parents else base
     where = ".".join(parents) or "top level"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, Prediction, Wrapper, readout_evidence
+from cdlm.denoiser import Denoiser, Prediction, Wrapper, full_precision, readout_evidence
 
 
 class VectorInput:
@@ -100,7 +100,7 @@ class EmbeddingDenoiser:
         if self.input.shift:
             out = out[:, :-1]
         if self.output == "logits":
-            return Prediction(logits=out.float())
+            return Prediction(logits=full_precision(out))
         return Prediction(logits=None, x0=out.to(x_t.dtype))
 
 
@@ -141,7 +141,7 @@ class ExpectedEmbedding(Wrapper):
 
     def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
         logits = self.denoiser(x_t, t, self_cond, **kwargs).logits
-        x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().float()
+        x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().to(logits.dtype)
         return Prediction(logits=logits, x0=x0.to(x_t.dtype))
 
 

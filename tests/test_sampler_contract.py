@@ -1,0 +1,411 @@
+"""One contract that every registered sampler passes (diffusers' shared scheduler test base).
+
+``CASES`` holds one row per name in ``cdlm.samplers.SAMPLERS``: the process kind it runs on, its
+options, and what it must count (network calls, callbacks) as exact rules. Each test is
+parametrized over the whole table, so a new sampler gets every check once it has a row, and
+``test_every_registered_sampler_has_a_case`` fails, naming it, until it does.
+
+The network is a real tiny ``Transformer`` in float64 with a counting hook, built the way
+``cdlm.generate`` builds the denoiser (``process.sampling_denoiser(network)``). The processes
+are built without shifted prediction (no BOS prepended), so the positions the network sees
+per call are exactly the sequence length.
+
+``GOLDEN`` pins what each sampler draws today (tokens, NFE, a fingerprint of the final state)
+from one seeded network and seed. A change that alters samples must fail here; if the change is
+intended, rewrite ``tests/data/golden_samples.json`` with ``python tests/test_sampler_contract.py``
+and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pkgutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import cdlm.samplers
+from cdlm.denoiser import Prediction
+from cdlm.networks.transformer import Transformer
+from cdlm.processes.autoregressive import AutoregressiveProcess
+from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.masked import MaskedProcess
+from cdlm.processes.parameterization import VectorInput
+from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
+
+V, D = 12, 8  # vocabulary (EOS/BOS = 0, [MASK] = V - 1) and gaussian embedding width
+EOS, MASK = 0, V - 1
+B, L, STEPS, SEED = 2, 8, 4, 23
+F64 = torch.float64
+
+
+# --- the two factories (process constructors are being refactored: adapt only these) ----------
+
+
+def make_process(kind: str) -> nn.Module:
+    """A toy-sized float64 process of ``kind``; seeded, as the gaussian embedding table is random.
+    No shifted prediction: the network then sees exactly L positions per call. The gaussian
+    network reads x_t and is self-conditioned (the golden samples were made at 683937b, where
+    every vector-input network was)."""
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "gaussian": lambda: GaussianProcess(
+            vocab_size=V, embed_dim=D, input=VectorInput(self_cond_prob=0.5)
+        ),
+        "masked": lambda: MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS, shift=False),
+        "autoregressive": lambda: AutoregressiveProcess(vocab_size=V, bos_id=EOS),
+    }
+    torch.manual_seed(0)
+    return builders[kind]().double()
+
+
+def make_network(process: nn.Module) -> Transformer:
+    """A tiny seeded float64 Transformer with the widths ``process`` asks for. Every weight is
+    nudged off adaLN-Zero's identity start, or attention and the time input would not reach the
+    output and the golden tokens would not guard them."""
+    torch.manual_seed(1)
+    network = Transformer(
+        **process.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=64
+    ).double()
+    with torch.no_grad():
+        for p in network.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return network.eval()
+
+
+# --- what a run records, and the exact counting rules stated per sampler ------------------------
+
+
+class Spy:
+    """Counts a network's calls and the sequence positions they process (per sequence), through a
+    forward pre-hook, so the network itself runs unchanged."""
+
+    def __init__(self, network: nn.Module) -> None:
+        self.calls, self.positions = 0, 0
+        network.register_forward_pre_hook(self.see, with_kwargs=True)
+
+    def see(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs["x"]
+        self.calls, self.positions = self.calls + 1, self.positions + x.shape[1]
+
+
+@dataclass
+class Run:
+    """One sampler run: its output, every callback, the start state and the spy's counts."""
+
+    steps: int
+    out: SampleOutput
+    seen: list[StepInfo]
+    start: Tensor
+    process: nn.Module
+    calls: int
+    positions: int
+
+
+Rule = Callable[[Run], int]
+
+
+def per_step(run: Run) -> int:
+    """One per grid interval."""
+    return run.steps
+
+
+def heun_nfe(run: Run) -> int:
+    """Two calls per step, one on the last (which returns the x0 estimate)."""
+    return 2 * run.steps - 1
+
+
+def chosen_by_the_solver(run: Run) -> int:
+    """Set by the adaptive solver's error control: only its honesty (= calls) is checkable."""
+    return run.calls
+
+
+def steps_until_decided(run: Run) -> int:
+    """Masked: one step per grid interval until no [MASK] is left (a step may commit the rest)."""
+    mask = run.process.mask_id
+    return next((j + 1 for j, st in enumerate(run.seen) if not (st.x == mask).any()), run.steps)
+
+
+def calls_after_a_change(run: Run) -> int:
+    """Cached ancestral: the first step calls the network; a later one only if the step before
+    it committed a token (the denoiser is time-free, so an unchanged input repeats its output)."""
+    before = [run.start, *(st.x for st in run.seen[:-1])]
+    changed = [not torch.equal(a, st.x) for a, st in zip(before, run.seen, strict=True)]
+    return 1 + sum(changed[:-1])
+
+
+def tokens_generated(run: Run) -> int:
+    """AR: one call per token, up to the position where every row has produced EOS."""
+    eos = run.out.tokens == run.process.bos_id
+    return int(eos.float().argmax(-1).max()) + 1 if bool(eos.any(-1).all()) else L
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to run one registered sampler, and what its NFE and callback count must be.
+
+    kind: the process it runs on; nfe, callbacks: exact rules over the run; steps: grid
+    intervals; options: passed to the sampler.
+    """
+
+    kind: str
+    nfe: Rule
+    callbacks: Rule
+    steps: int = STEPS
+    options: dict = field(default_factory=dict)
+
+
+CASES: dict[str, Case] = {
+    "ddpm": Case("gaussian", per_step, per_step),
+    "ddim": Case("gaussian", per_step, per_step, options={"eta": 0.5}),
+    "rolling": Case("gaussian", per_step, per_step, options={"token_steps": 2}),
+    "euler": Case("gaussian", per_step, per_step),
+    "heun": Case("gaussian", heun_nfe, per_step),
+    "dpmpp_2m": Case("gaussian", per_step, per_step),
+    "euler_maruyama": Case("gaussian", per_step, per_step),
+    # loose tolerances and one interval keep the solve to a handful of calls
+    "adaptive": Case("gaussian", chosen_by_the_solver, per_step, 1, {"rtol": 1e-2, "atol": 1e-2}),
+    "ancestral": Case("masked", steps_until_decided, steps_until_decided),
+    # more steps than positions: some steps reveal nothing, and the next one skips its call
+    "cached_ancestral": Case("masked", calls_after_a_change, steps_until_decided, steps=16),
+    # ceil(open / steps_left) per step decides the canvas exactly at the last step when L >= steps.
+    # Temperature 0 (its config default) on purpose: on the all-[MASK] canvas every position has
+    # the same logits up to ~1e-17, so with drawn proposals which ones commit first, and the
+    # golden tokens, would hang on rounding.
+    "confidence": Case("masked", per_step, per_step),
+    "threshold": Case("masked", steps_until_decided, steps_until_decided),
+    "ar": Case("autoregressive", tokens_generated, tokens_generated),
+}
+
+# Further options whose NFE and positions accounting differs: the rolling per-token grid,
+# semi-autoregressive blocks, and the AR sampler without its KV cache (reruns the prefix).
+VARIANTS: list[tuple[str, dict]] = [
+    ("ddpm", {"token_steps": 3}),
+    ("ancestral", {"block_length": 3}),
+    ("confidence", {"block_length": 4}),
+    ("ar", {"use_cache": False}),
+]
+
+
+def sampler_functions() -> dict[str, Callable]:
+    """name -> function, found by the ``sampler_name`` that ``register`` stamps on each (the
+    registry itself maps names to process kinds only)."""
+    found = {}
+    for info in pkgutil.iter_modules(cdlm.samplers.__path__):
+        module = importlib.import_module(f"cdlm.samplers.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(getattr(obj, "sampler_name", None), str):
+                found[obj.sampler_name] = obj
+    return found
+
+
+FUNCTIONS = sampler_functions()
+DenoiserFactory = Callable[[nn.Module, nn.Module, Tensor | None], Callable]
+
+
+def real(process: nn.Module, network: nn.Module, data: Tensor | None) -> Callable:
+    """The denoiser ``cdlm.generate`` gives a sampler."""
+    return process.sampling_denoiser(network)
+
+
+def run(
+    name: str,
+    make_denoiser: DenoiserFactory = real,
+    data: Tensor | None = None,
+    global_seed: int = 0,
+    **options,
+) -> Run:
+    """Runs sampler ``name`` as ``cdlm.generate`` would: prior and sampler share one generator.
+    ``global_seed`` reseeds torch's global stream just before sampling, which a sampler must not
+    read (the factories reseed it too, so without this two runs could not tell)."""
+    case = CASES[name]
+    process = make_process(case.kind)
+    network = make_network(process)
+    spy = Spy(network)
+    denoiser = make_denoiser(process, network, data)
+    generator = torch.Generator().manual_seed(SEED)
+    start = process.prior((B, L), torch.device("cpu"), generator)
+    start = start.to(F64) if start.is_floating_point() else start
+    seen: list[StepInfo] = []
+    torch.manual_seed(global_seed)
+    out = FUNCTIONS[name](
+        denoiser,
+        start.clone(),
+        uniform_grid(case.steps),
+        process=process,
+        generator=generator,
+        callback=seen.append,
+        **(case.options | options),
+    )
+    return Run(case.steps, out, seen, start, process, spy.calls, spy.positions)
+
+
+# --- oracles: denoisers that know the data --------------------------------------------------------
+
+
+def point_mass(data: Tensor, dtype: torch.dtype = F64) -> Tensor:
+    """(B, L, V) log-probabilities, 0 on the data token and -inf elsewhere."""
+    return torch.full((*data.shape, V), -math.inf, dtype=dtype).scatter_(-1, data[..., None], 0.0)
+
+
+def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
+    """A denoiser certain of ``data`` (B, L): gaussian, the true x0 and its token; masked, all
+    mass on the true token; AR, the real predictor (so its KV cache advances as in use) with its
+    next-token distribution forced onto the data. Call i of the AR sampler predicts position i,
+    cached (one new input) or not (the prefix again)."""
+    if process.kind == "gaussian":
+        x0 = process.embedding(data).detach()
+        return lambda x_t, t, self_cond=None, **kw: Prediction(x0=x0, logits=point_mass(data))
+    if process.kind == "masked":
+        return lambda z, t, self_cond=None, **kw: Prediction(logits=point_mass(data))
+    return ForcedNextToken(process.sampling_denoiser(network), data)
+
+
+class ForcedNextToken:
+    """The AR oracle (see ``oracle``); passes ``network`` and ``shift`` on, which ``sample_ar``
+    reaches for through the denoiser."""
+
+    def __init__(self, denoiser: Callable, data: Tensor) -> None:
+        self.denoiser, self.data, self.calls = denoiser, data, 0
+        self.network, self.shift = denoiser.network, denoiser.shift
+
+    def __call__(self, tokens: Tensor, t: Tensor | None = None, self_cond=None, **kw) -> Prediction:
+        logits = self.denoiser(tokens, t, self_cond, **kw).logits.clone()
+        logits[:, -1] = point_mass(self.data[:, self.calls])
+        self.calls += 1
+        return Prediction(logits=logits)
+
+
+# --- golden samples: regenerate only for an intended change (see the module docstring) -----------
+
+
+def fingerprint(x: Tensor) -> float:
+    """The final state as one number, position-weighted so that a permutation shows: it pins
+    the gaussian trajectories, whose tokens alone can miss a small change. Compared to a relative
+    1e-4: fp32 rounding in the gaussian denoiser moves it by ~1e-7 (~3e-5 through the adaptive
+    solver's step-size control)."""
+    return float((x.double().flatten() * torch.arange(1, x.numel() + 1)).sum())
+
+
+GOLDEN_PATH = Path(__file__).parent / "data" / "golden_samples.json"
+
+
+def golden_samples() -> dict[str, dict]:
+    """name -> {nfe, tokens, fingerprint} for every case, from the current code."""
+    samples = {}
+    for name in CASES:
+        out = run(name).out
+        samples[name] = {"nfe": out.nfe, "tokens": out.tokens.tolist(), "x": fingerprint(out.x)}
+    return samples
+
+
+GOLDEN: dict[str, dict] = (
+    json.loads(GOLDEN_PATH.read_text())["samplers"] if GOLDEN_PATH.exists() else {}
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread, so reductions run in one order and float results repeat exactly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- the contract ---------------------------------------------------------------------------------
+
+
+def test_every_registered_sampler_has_a_case() -> None:
+    """A sampler registered without a row would silently skip the whole contract."""
+    missing, stale = sorted(set(SAMPLERS) - set(CASES)), sorted(set(CASES) - set(SAMPLERS))
+    assert not missing, f"registered samplers without a row in CASES: {missing}"
+    assert not stale, f"rows in CASES for samplers no longer registered: {stale}"
+    assert set(FUNCTIONS) == set(SAMPLERS)
+    for name, case in CASES.items():
+        assert case.kind in SAMPLERS[name], f"{name} is registered for {SAMPLERS[name]}"
+    assert set(GOLDEN) == set(CASES), (
+        "rewrite the golden file: python tests/test_sampler_contract.py"
+    )
+
+
+def case_id(name: str, options: dict) -> str:
+    return name + "".join(f"-{k}={v}" for k, v in options.items())
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [pytest.param(n, o, id=case_id(n, o)) for n, o in [(n, {}) for n in CASES] + VARIANTS],
+)
+def test_nfe_and_positions_are_what_the_network_saw(name: str, options: dict) -> None:
+    """NFE and positions are the compute budget every comparison of samplers is made at."""
+    r = run(name, **options)
+    assert r.out.nfe == r.calls
+    if not options:
+        assert r.out.nfe == CASES[name].nfe(r)
+    positions = r.out.positions if r.out.positions is not None else r.out.nfe * L
+    assert positions == r.positions
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_callback_per_step_and_the_steps_tile_time(name: str) -> None:
+    """Trajectory logging and progress bars rely on one report per step, in order, from t = 1."""
+    r = run(name)
+    assert len(r.seen) == CASES[name].callbacks(r)
+    assert [st.i for st in r.seen] == list(range(len(r.seen)))
+    assert r.seen[0].t == 1.0
+    assert all(a.s == b.t for a, b in zip(r.seen, r.seen[1:], strict=False))
+    if len(r.seen) == r.steps and r.process.kind != "autoregressive":
+        assert r.seen[-1].s == 0.0
+    assert torch.equal(r.seen[-1].x, r.out.x)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_generator_alone_decides_the_samples(name: str) -> None:
+    """`cdlm-sample seed=` must reproduce samples whatever else touched torch's global stream."""
+    first, second = run(name, global_seed=1), run(name, global_seed=2)
+    assert first.out.tokens.shape == (B, L) and first.out.tokens.dtype == torch.long
+    assert torch.equal(first.out.tokens, second.out.tokens)
+    assert torch.equal(first.out.x, second.out.x) and first.out.nfe == second.out.nfe
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_an_oracle_gets_the_data_back(name: str) -> None:
+    """Given a perfect denoiser a sampler must return the data exactly: any bias is its own."""
+    # no EOS (the samplers would stop there) and no [MASK]
+    data = torch.randint(1, V - 1, (B, L), generator=torch.Generator().manual_seed(5))
+    r = run(name, oracle, data)
+    assert torch.equal(r.out.tokens, data)
+    if r.process.kind == "gaussian":
+        x0 = r.process.embedding(data)
+        torch.testing.assert_close(r.out.x, x0, atol=1e-10, rtol=0)
+    else:
+        assert torch.equal(r.out.x, data)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_samples(name: str) -> None:
+    """A refactor must not change what any sampler draws."""
+    golden, out = GOLDEN[name], run(name).out
+    assert out.tokens.tolist() == golden["tokens"] and out.nfe == golden["nfe"]
+    assert fingerprint(out.x) == pytest.approx(golden["x"], rel=1e-4)
+
+
+if __name__ == "__main__":  # rewrites the golden file from the current code
+    torch.set_num_threads(1)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=GOLDEN_PATH.parent,
+    ).stdout.strip()
+    rows = [f"  {json.dumps(n)}: {json.dumps(v)}" for n, v in golden_samples().items()]
+    head = f'{{"generated_at": "{commit}", "by": "python tests/test_sampler_contract.py",\n'
+    GOLDEN_PATH.write_text(head + ' "samplers": {\n' + ",\n".join(rows) + "\n}}\n")
+    print(f"wrote {GOLDEN_PATH}")
