@@ -22,6 +22,7 @@ from torch import nn
 
 from cdlm.data.tokenizer import serialise, wrap
 from cdlm.io import atomic_path
+from cdlm.legacy import upgrade_process, upgrade_state
 
 FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
@@ -147,6 +148,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Mod
         raise CheckpointError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
+    config["process"] = upgrade_process(config["process"])
+    state = upgrade_state(state)
     process = instantiate(config["process"])
     network = instantiate(config["network"])
     for prefix, module in (("process.", process), ("network.", network)):

@@ -66,7 +66,8 @@ class Curriculum(TimeSampler):
         if not 0.0 <= ramp <= 1.0:
             raise ValueError(f"curriculum ramp is a share of the budget in [0, 1], got {ramp}")
         self.start, self.ramp = start, ramp
-        self.register_buffer("progress", torch.zeros(()))
+        # Set before every batch by the Phases callback; not part of the model file.
+        self.register_buffer("progress", torch.zeros(()), persistent=False)
 
     def set_progress(self, progress: float) -> None:
         self.progress.fill_(progress)

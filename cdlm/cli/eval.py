@@ -123,11 +123,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     if instantiate(cfg.metric).func is harness.evaluate_checkpoint:
         return full_report(cfg)
     model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
-    require(
-        model.process.kind == "gaussian",
-        f"cdlm-eval scores gaussian models, not {model.process.kind!r}",
-    )
     metric = instantiate(cfg.metric)
+    fits = metric.func.processes  # each likelihood says which processes it scores
+    require(
+        model.process.kind in fits,
+        f"metric={metric.func.__name__} scores {', '.join(fits)} models, not "
+        f"{model.process.kind!r}; metric=report scores any model",
+    )
     tokens = validation_tokens(model, cfg.data.path, cfg.data.val_fraction, cfg.data.packing)
     start = time.perf_counter()
     report = evaluate(

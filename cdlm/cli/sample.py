@@ -131,7 +131,7 @@ def sample(cfg: DictConfig) -> None:
     check_compatible(sampler, model.process.kind)
     name = sampler.func.sampler_name
     batches = -(-cfg.num_samples // (cfg.batch_size or cfg.num_samples))
-    per_batch = seq_len if model.process.kind == "autoregressive" else cfg.steps
+    per_batch = seq_len if model.process.sequential else cfg.steps  # callbacks per batch
     records = []
     for w in scales(cfg):
         with tqdm(
