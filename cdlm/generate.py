@@ -38,9 +38,42 @@ class Generation:
     wall_seconds: float
 
 
+def named_sampler(name: str) -> Callable:
+    """The sampler of ``conf/sampler/<name>.yaml``, with its default options."""
+    return instantiate(OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml"))
+
+
 def default_sampler(process: nn.Module) -> Callable:
     """The process's default sampler, built from its ``conf/sampler/<name>.yaml``."""
-    return instantiate(OmegaConf.load(config_dir() / "sampler" / f"{process.default_sampler}.yaml"))
+    return named_sampler(process.default_sampler)
+
+
+DEFAULT_STEPS = 64
+
+
+def sampling_defaults(
+    process: nn.Module, config: dict, steps: int | None, sampler: Callable | None
+) -> tuple[int, Callable, str | None]:
+    """(steps, sampler, note) for what the user left unset (None): a distilled student's own
+    step count and sampler (recorded in its model file), else 64 steps and the process's
+    default sampler; ``note`` says when the student's record decided."""
+    record = config.get("distillation")
+    if record is None:
+        return steps or DEFAULT_STEPS, sampler or default_sampler(process), None
+    used = []
+    if steps is None:
+        steps = record["steps"]
+        used.append(f"steps={steps}")
+    if sampler is None:
+        sampler = named_sampler(record["sampler"])
+        used.append(f"sampler={record['sampler']}")
+    note = None
+    if used:
+        note = (
+            f"a {record['method']}-distilled student (round {record['round']}): using its "
+            f"{', '.join(used)}; set them to override"
+        )
+    return steps, sampler, note
 
 
 def decode(tokenizer, ids: list[int], cut_at_eos: bool = True) -> Sample:

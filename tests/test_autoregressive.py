@@ -43,20 +43,24 @@ def test_kv_cached_logits_equal_uncached():
     prefill = net(tokens[:, :5], t, cache=cache)
     rest = [net(tokens[:, i : i + 1], t, cache=cache) for i in range(5, 9)]
     torch.testing.assert_close(torch.cat([prefill, *rest], 1), full, atol=1e-10, rtol=1e-10)
-    with pytest.raises(ValueError, match="one new position"):
-        net(tokens[:, :2], t, cache=cache)
 
 
 def test_loss_is_exact_next_token_nll():
     net = causal_net()
     process = AutoregressiveProcess(vocab_size=V, bos_id=BOS)
     tokens = torch.randint(0, BOS, (2, 7))
-    out = process.loss(process.make_denoiser(net), tokens)
+    out = process.loss(process.make_denoiser(net), {"tokens": tokens})
     inputs = torch.cat([torch.full((2, 1), BOS), tokens[:, :-1]], 1)
     logits = net(inputs, torch.zeros(2, dtype=torch.float64))
     expected = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-9)
     assert out.metrics["bits_per_token"].item() == pytest.approx(expected.item() / math.log(2))
+    # PAD (valid=False) is left out: the NLL of the valid tokens only
+    valid = torch.ones(2, 7, dtype=torch.bool)
+    valid[0, 5:] = valid[1, 3:] = False
+    padded = process.loss(process.make_denoiser(net), {"tokens": tokens, "valid": valid})
+    expected = F.cross_entropy(logits[valid], tokens[valid])
+    assert padded.loss.item() == pytest.approx(expected.item(), rel=1e-9)
 
 
 def test_cached_and_uncached_sampling_agree_and_stop_at_eos():
@@ -90,8 +94,14 @@ def test_token_input_rejects_self_conditioning_and_needs_one_input_mode():
         Transformer(out_dim=V, in_vocab=V, self_condition=True)
     with pytest.raises(ValueError, match="exactly one"):
         Transformer(out_dim=V, in_dim=4, in_vocab=V)
-    with pytest.raises(ValueError, match="causal"):
-        Transformer(out_dim=V, in_vocab=V, self_condition=False).new_cache()
+    # a bidirectional network has a cache too: one pass through an empty one is a plain pass
+    bidirectional = Transformer(
+        out_dim=V, in_vocab=V, self_condition=False, d_model=16, n_layers=1, n_heads=2
+    ).eval()
+    tokens, t = torch.randint(0, V, (2, 5)), torch.zeros(2)
+    cache = bidirectional.new_cache()
+    torch.testing.assert_close(bidirectional(tokens, t, cache=cache), bidirectional(tokens, t))
+    assert cache.length == 5
 
 
 def test_sampling_can_fill_the_whole_canvas_past_eos():

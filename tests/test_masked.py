@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cdlm.denoiser import Prediction
+from cdlm.processes.base import Corrupted
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.samplers import check_compatible, uniform_grid
 from cdlm.samplers.masked import (
@@ -15,6 +16,7 @@ from cdlm.samplers.masked import (
     sample_topk,
 )
 from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
+from cdlm.time_samplers import TimeSampler
 
 MASK, EOS, V = 4, 3, 5  # toy vocabulary: 0, 1, 2, EOS=3, MASK=4
 MASKED_SAMPLERS = [sample_ancestral, sample_cached_ancestral, sample_topk, sample_threshold]
@@ -39,12 +41,60 @@ def test_elbo_equals_hand_computed_value():
     raw = torch.tensor([[[1.0, 0.0, 0.0, 0.0, 9.0], [0.0] * 5, [0.0, 2.0, 1.0, 0.0, 9.0]]])
     den = MaskedDenoiser(FixedNetwork(raw), MASK)
     t = torch.tensor([0.4])
-    nats = process.elbo(den, tokens, t, z, masked)
+    c = Corrupted(tokens=tokens, x0=tokens, x_t=z, t=t, noisy=masked)
+    integrand, per_masked = process.elbo(den, c, torch.ones_like(masked))
     # SUBS drops the [MASK] logit; loglinear weight -keep'/(1-keep) = 1/t; 3 tokens.
     p0 = math.e / (math.e + 3)
     p2 = math.e**2 / (1 + math.e**2 + math.e + 1)
     expected = (1 / 0.4) * (-math.log(p0) - math.log(p2)) / 3
-    assert nats.item() == pytest.approx(expected, rel=1e-6)
+    assert process.weight(t).item() == pytest.approx(1 / 0.4, rel=1e-6)
+    assert integrand.item() / 3 == pytest.approx(expected, rel=1e-6)  # summed over positions
+    assert per_masked.item() == pytest.approx((-math.log(p0) - math.log(p2)) / 2, rel=1e-6)
+    # a PAD position (valid=False) is never scored, masked or not
+    integrand, per_masked = process.elbo(den, c, torch.tensor([[True, True, False]]))
+    assert integrand.item() == pytest.approx((1 / 0.4) * -math.log(p0), rel=1e-6)
+    assert per_masked.item() == pytest.approx(-math.log(p0), rel=1e-6)
+
+
+def test_loss_is_the_elbo_integrand_per_valid_token_and_changes_nothing():
+    """``loss`` draws t and the masks, then averages the ELBO integrand over valid tokens; its
+    observation is (the time sampler's u, mean CE per masked token), handed over only by
+    ``observe``."""
+
+    class Spy(TimeSampler):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def observe(self, t, loss):
+            self.seen.append((t, loss))
+
+    spy = Spy()
+    process = MaskedProcess(vocab_size=V, mask_id=MASK, time_sampler=spy)
+    den = MaskedDenoiser(FixedNetwork(torch.randn(1, 6, V)), MASK)
+    tokens = torch.randint(0, 3, (4, 6))
+    valid = torch.ones(4, 6, dtype=torch.bool)
+    valid[1, 4:] = valid[3, 2:] = False  # PAD at the end of two rows
+    batch = {"tokens": tokens, "valid": valid}
+    for training in (False, True):
+        process.train(training)
+        out = process.loss(den, batch, torch.Generator().manual_seed(7))
+        g = torch.Generator().manual_seed(7)  # the same draws, made by hand
+        t = process.sample_t(4, g)
+        c = process.corrupt(tokens, t, g)
+        integrand, per_masked = process.elbo(den, c, valid)
+        torch.testing.assert_close(out.loss, integrand.sum() / valid.sum())
+        assert out.metrics["bits_per_token"].item() == pytest.approx(out.loss.item() / math.log(2))
+        if not training:
+            assert out.observation is None
+            continue
+        seen = (c.noisy & valid).any(-1)
+        u, losses = out.observation
+        torch.testing.assert_close(u, ((t - process.t_min) / (1 - process.t_min))[seen])
+        torch.testing.assert_close(losses, per_masked[seen])
+    assert spy.seen == []
+    process.observe(out)
+    assert len(spy.seen) == 1 and spy.seen[0][0] is out.observation[0]
 
 
 def test_subs_carries_unmasked_tokens_and_never_predicts_mask():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ import torch.nn.functional as F
 from cdlm.denoiser import readout_evidence
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import GaussianProcess
+from cdlm.processes.objectives import X0MSE, CrossEntropy
+from cdlm.processes.parameterization import PosteriorInput, VectorInput
+from cdlm.training.phases import Phases
 
 
 def small(proc: GaussianProcess, **kw) -> Transformer:
@@ -32,10 +36,10 @@ def test_one_hot_soft_tokens_embed_exactly_as_ids():
 
 def test_readout_evidence_is_the_gaussian_log_likelihood_up_to_a_constant():
     torch.manual_seed(0)
-    proc = GaussianProcess(20, embed_dim=6, self_cond_prob=0)
+    proc = GaussianProcess(20, embed_dim=6)
     ids = torch.randint(0, 20, (2, 4))
     t = torch.tensor([0.3, 0.8])
-    x_t = proc.corrupt(proc.embedding(ids), t, torch.randn(2, 4, 6))
+    x_t = proc.noised(proc.embedding(ids), t, torch.randn(2, 4, 6))
     ev = readout_evidence(proc.embedding, proc.schedule, x_t, t)
     a, s = proc.schedule.alpha(t)[:, None, None, None], proc.schedule.sigma(t)[:, None, None, None]
     table = proc.embedding.table()
@@ -51,25 +55,18 @@ def test_posterior_input_at_low_noise_is_the_clean_token_input(shift):
     network sees exactly what a token-input network sees on clean text (with ``shift``: after a
     BOS, the layout of an AR network)."""
     torch.manual_seed(0)
-    proc = GaussianProcess(
-        20,
-        embed_dim=8,
-        self_cond_prob=0,
-        posterior_input=True,
-        shift=shift,
-        eos_id=3,
-    ).eval()
+    proc = GaussianProcess(20, embed_dim=8, input=PosteriorInput(shift=shift), eos_id=3).eval()
     net = small(proc).eval()
     ids = torch.randint(0, 20, (2, 8))
     t = torch.zeros(2)
-    x_t = proc.corrupt(proc.embedding(ids), t, torch.randn(2, 8, 8))
+    x_t = proc.noised(proc.embedding(ids), t, torch.randn(2, 8, 8))
     got = proc.make_denoiser(net)(x_t, t).logits  # no readout skip: the network's own
     inputs = torch.cat([torch.full((2, 1), 3), ids], 1) if shift else ids
     expected = net(inputs, t)[:, :-1] if shift else net(inputs, t)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     # ... and at high noise it is a soft token, not the clean one
     t1 = torch.full((2,), 0.95)
-    x1 = proc.corrupt(proc.embedding(ids), t1, torch.randn(2, 8, 8))
+    x1 = proc.noised(proc.embedding(ids), t1, torch.randn(2, 8, 8))
     seen = []
     proc.make_denoiser(lambda x, t, sc, label=None: seen.append(x) or net(x, t))(x1, t1)
     probs = seen[0][:, 1:] if shift else seen[0]
@@ -78,36 +75,52 @@ def test_posterior_input_at_low_noise_is_the_clean_token_input(shift):
 
 
 def test_gaussian_ar_phase_then_annealing_then_diffusion():
+    """The Phases callback drives the schedule from the budget share: with 8 steps, ar=0.25
+    and anneal=0.25, batches 0-1 are AR (visibility 0), then attention opens over batches 2-4
+    (visibility (p - 0.25) / 0.25 at p = step / 8), then plain diffusion."""
     torch.manual_seed(0)
     proc = GaussianProcess(
         12,
         embed_dim=8,
-        self_cond_prob=0,
-        posterior_input=True,
-        readout_skip=True,
-        shift=True,
+        input=PosteriorInput(shift=True),
+        objective=CrossEntropy(readout_skip=True),
         eos_id=1,
-        ar_steps=2,
-        anneal_steps=2,
     ).train()
     net = small(proc)
     den = proc.make_denoiser(net)
     tokens = torch.randint(0, 12, (3, 8))
+    phases, module = Phases(ar=0.25, anneal=0.25), SimpleNamespace(process=proc, network=net)
+    trainer = SimpleNamespace(max_steps=8, global_step=0, callbacks=[])
+    phases.setup(trainer, module, "fit")
     seen = []
-    for _ in range(5):
-        out = proc.loss(den, tokens)
+    for step in range(5):
+        trainer.global_step = step
+        phases.on_train_batch_start(trainer, module, None, step)
+        out = proc.loss(den, {"tokens": tokens})
         seen.append((sorted(out.metrics), net.future_visibility))
     assert [m for m, _ in seen] == [["ar_bits_per_token"]] * 2 + [["ce"]] * 3
     assert [v for _, v in seen] == [0.0, 0.0, 0.0, 0.5, 1.0]
+    phases.on_train_end(trainer, module)  # the trained model is left a diffusion model
+    assert not proc.ar_phase and net.future_visibility == 1.0
     # the AR phase loss is the next-token NLL of the causal network on clean tokens
     net.causal = True
     logits = net(torch.cat([torch.full((3, 1), 1), tokens], 1), torch.zeros(3))[:, :-1]
     net.causal = False
     expected = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-    proc.step.zero_()
-    torch.testing.assert_close(proc.loss(den, tokens).loss, expected, atol=1e-5, rtol=1e-5)
-    assert proc.loss(den, tokens).metrics["ar_bits_per_token"] == pytest.approx(
+    proc.ar_phase, net.future_visibility = True, 0.0  # what Phases sets in the AR phase
+    torch.testing.assert_close(
+        proc.loss(den, {"tokens": tokens}).loss, expected, atol=1e-5, rtol=1e-5
+    )
+    assert proc.loss(den, {"tokens": tokens}).metrics["ar_bits_per_token"] == pytest.approx(
         expected.item() / math.log(2), rel=1e-5
+    )
+    assert proc.ar_phase and net.future_visibility == 0.0  # loss advanced nothing
+    # PAD (valid=False) is left out of the AR loss too
+    valid = torch.ones(3, 8, dtype=torch.bool)
+    valid[0, 6:] = valid[2, 3:] = False
+    padded = proc.loss(den, {"tokens": tokens, "valid": valid}).loss
+    torch.testing.assert_close(
+        padded, F.cross_entropy(logits[valid], tokens[valid]), atol=1e-5, rtol=1e-5
     )
     # a class-conditional run's labels reach the network in the AR phase too
     from cdlm.guidance import WithLabel
@@ -115,22 +128,49 @@ def test_gaussian_ar_phase_then_annealing_then_diffusion():
     labelled = small(proc, num_classes=2)
     for p in labelled.parameters():  # adaLN-Zero starts label-blind: wake every layer up
         torch.nn.init.normal_(p, std=0.3)
-    proc.step.zero_()
-    plain = proc.loss(proc.make_denoiser(labelled), tokens).loss
-    proc.step.zero_()
+    labelled.future_visibility = 0.0
+    plain = proc.loss(proc.make_denoiser(labelled), {"tokens": tokens}).loss
     bound = WithLabel(proc.make_denoiser(labelled), torch.ones(3, dtype=torch.long))
-    assert not torch.allclose(proc.loss(bound, tokens).loss, plain)
+    assert not torch.allclose(proc.loss(bound, {"tokens": tokens}).loss, plain)
 
 
 def test_posterior_input_refuses_what_it_cannot_do():
-    with pytest.raises(ValueError, match="self_cond_prob=0"):
-        GaussianProcess(10, posterior_input=True, self_cond_prob=0.5)
-    with pytest.raises(ValueError, match="objective=ce"):
-        GaussianProcess(10, posterior_input=True, self_cond_prob=0, objective="mse")
-    with pytest.raises(ValueError, match="posterior_input=true and eos_id"):
-        GaussianProcess(10, shift=True, eos_id=1, self_cond_prob=0)
-    with pytest.raises(ValueError, match="needs shift"):
-        GaussianProcess(10, posterior_input=True, self_cond_prob=0, ar_steps=3)
+    """Self-conditioning with a posterior input and a shift without one cannot be asked for any
+    more (``PosteriorInput`` takes no self-conditioning, ``VectorInput`` no shift); a posterior
+    input now composes with either objective; a shift still needs its BOS, and an AR phase a
+    shift."""
+    ids = torch.randint(0, 10, (2, 6))
+    proc = GaussianProcess(10, embed_dim=4, input=PosteriorInput()).train()
+    assert proc.input.self_cond_prob == 0 and not proc.network_kwargs["self_condition"]
+    den, calls = proc.make_denoiser(small(proc)), []
+
+    def counting(x_t, t, self_cond=None):
+        calls.append(self_cond)
+        return den(x_t, t, self_cond)
+
+    proc.loss(counting, {"tokens": ids})
+    assert calls == [None]  # one pass, never self-conditioned, even in training
+    with pytest.raises(TypeError):
+        PosteriorInput(self_cond_prob=0.5)
+    with pytest.raises(TypeError):
+        VectorInput(shift=True)
+    # what used to be refused (objective=mse) composes now: soft tokens in, x0 out
+    mse = GaussianProcess(10, embed_dim=4, input=PosteriorInput(), objective=X0MSE()).train()
+    assert mse.network_kwargs == {"in_vocab": 10, "self_condition": False, "out_dim": 4}
+    mse_den = mse.make_denoiser(small(mse))
+    assert mse_den(torch.randn(2, 6, 4), torch.rand(2)).x0.shape == (2, 6, 4)
+    assert torch.isfinite(mse.loss(mse_den, {"tokens": ids}).loss)
+    with pytest.raises(ValueError, match="needs eos_id"):
+        GaussianProcess(10, input=PosteriorInput(shift=True))
+    with pytest.raises(ValueError, match="token_noise > 0 needs input=posterior"):
+        GaussianProcess(10, token_noise=0.5)
+    GaussianProcess(10, input=PosteriorInput(), token_noise=0.5)  # it tells each token's level
+    # an AR phase needs the shifted layout: refused by the callback, and by the loss itself
+    with pytest.raises(ValueError, match="AR phase needs the next-token layout"):
+        Phases(ar=0.3).setup(None, SimpleNamespace(process=proc, network=den.network), "fit")
+    proc.ar_phase = True
+    with pytest.raises(ValueError, match="AR phase needs a shifted input"):
+        proc.loss(den, {"tokens": ids})
 
 
 def test_posterior_input_model_trains_and_samples_from_the_cli(tmp_path_factory, tiny_corpus):
@@ -140,11 +180,10 @@ def test_posterior_input_model_trains_and_samples_from_the_cli(tmp_path_factory,
         tmp_path_factory,
         tiny_corpus,
         "process.embed_dim=8",
-        "process.posterior_input=true",
-        "process.self_cond_prob=0",
-        "process.shift=true",
-        "process.ar_steps=1",
-        "process.anneal_steps=1",
+        "input@process.input=posterior",
+        "process.input.shift=true",
+        "phases.ar=0.3",
+        "phases.anneal=0.3",
     )
     out = tmp_path_factory.mktemp("samples") / "s.jsonl"
     result = run_cli(
@@ -192,6 +231,7 @@ def test_markov_marginals_match_brute_force_enumeration():
 def test_bigram_oracle_uses_context_where_the_readout_cannot():
     """On text from a deterministic cycle 0 -> 1 -> 2 -> 0, the exact bigram denoiser decodes
     masked tokens next to visible ones, where the no-context readout is the unigram guess."""
+    from cdlm.evaluation.levels import level_metrics
     from cdlm.evaluation.oracle import bigram_transition
     from cdlm.processes import MaskedProcess
 
@@ -205,5 +245,6 @@ def test_bigram_oracle_uses_context_where_the_readout_cannot():
 
         return Prediction(logits=torch.zeros(*z.shape, 4))
 
-    m = proc.evaluate_at(uniform, tokens, 0.5, torch.Generator().manual_seed(0), prior, transition)
+    ev = proc.evaluate_at(uniform, tokens, 0.5, torch.Generator().manual_seed(0))
+    m = level_metrics(ev, prior, transition)
     assert m.oracle_acc > 0.95 and m.baseline_acc < 0.5

@@ -52,7 +52,8 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     for key in ("t_samples", "probes"):
         if key in cfg.metric:
             require_number(f"metric.{key}", cfg.metric[key], integer=True, at_least=1)
-    for key in ("steps", "num_samples", "repeats", "likelihood_draws"):
+    require_number("steps", cfg.steps, integer=True, at_least=1, nullable=True)
+    for key in ("num_samples", "repeats", "likelihood_draws"):
         require_number(key, cfg[key], integer=True, at_least=1)
     require_number("seed", cfg.seed, integer=True)
     require_number("temperature", cfg.temperature, above=0)

@@ -24,7 +24,7 @@ from cdlm.cli.common import (
     require_number,
     run,
 )
-from cdlm.generate import ROUNDINGS, default_sampler, generate
+from cdlm.generate import ROUNDINGS, generate, sampling_defaults
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_write_text
 from cdlm.regions import Canvas, assemble, build_canvas, parse_template, prompt_template
@@ -41,7 +41,7 @@ def scales(cfg: DictConfig) -> list[float]:
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
     require(cfg.ckpt is not None, "ckpt=PATH is required (a .safetensors file from cdlm-train)")
-    require_number("steps", cfg.steps, integer=True, at_least=1)
+    require_number("steps", cfg.steps, integer=True, at_least=1, nullable=True)
     require_number("num_samples", cfg.num_samples, integer=True, at_least=1)
     for key, null in (("seq_len", "the training length"), ("batch_size", "one batch")):
         note = f"(or null: {null})"
@@ -124,14 +124,21 @@ def output_path(out: str | None) -> Path | None:
 
 def sample(cfg: DictConfig) -> None:
     model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
-    sampler = instantiate(cfg.sampler) if cfg.get("sampler") else default_sampler(model.process)
+    steps, sampler, note = sampling_defaults(
+        model.process,
+        model.config,
+        cfg.steps,
+        instantiate(cfg.sampler) if cfg.get("sampler") else None,
+    )
+    if note:
+        print(f"cdlm-sample: {note}", file=sys.stderr)
     seq_len = cfg.seq_len or model.config["seq_len"]
     label = label_index(model, cfg.label)
     canvas, strength = read_canvas(cfg, model, seq_len)
     check_compatible(sampler, model.process.kind)
     name = sampler.func.sampler_name
     batches = -(-cfg.num_samples // (cfg.batch_size or cfg.num_samples))
-    per_batch = seq_len if model.process.sequential else cfg.steps  # callbacks per batch
+    per_batch = seq_len if model.process.sequential else steps  # callbacks per batch
     records = []
     for w in scales(cfg):
         with tqdm(
@@ -146,7 +153,7 @@ def sample(cfg: DictConfig) -> None:
                 model.network,
                 model.tokenizer,
                 sampler,
-                steps=cfg.steps,
+                steps=steps,
                 num_samples=cfg.num_samples,
                 seq_len=seq_len,
                 seed=cfg.seed,
@@ -172,7 +179,7 @@ def sample(cfg: DictConfig) -> None:
                     "label": cfg.label,
                     "scale": w if label is not None else None,
                     "sampler": name,
-                    "steps": cfg.steps,
+                    "steps": steps,
                     "nfe": gen.nfe,
                     "positions": gen.positions,
                     "wall_seconds": round(gen.wall_seconds, 4),
@@ -182,7 +189,7 @@ def sample(cfg: DictConfig) -> None:
             scale_note = f" (label {cfg.label}, scale {w:g})" if label is not None else ""
             print(f"[{record['index']}]{scale_note} {record['text']}\n")
         print(
-            f"cdlm-sample: {len(gen.samples)} samples, sampler={name}, steps={cfg.steps}, "
+            f"cdlm-sample: {len(gen.samples)} samples, sampler={name}, steps={steps}, "
             f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
         )
     path = output_path(cfg.out)

@@ -4,13 +4,16 @@ vocabulary facts of the data into the process and the process's widths into the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm.checkpoint import load_network_weights
+from cdlm.checkpoint import load_checkpoint, load_network_weights
 from cdlm.cli.common import default_wandb_mode, require, run
+from cdlm.distillation.module import student_of
 
 
 def _given(overrides: list[str] | None, key: str) -> bool:
@@ -68,10 +71,22 @@ def model_config(
     }
 
 
-def train(cfg: DictConfig) -> None:
-    default_wandb_mode()
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = instantiate(cfg.data)
+def build(cfg: DictConfig, data) -> tuple[Any, Any, dict[str, Any]]:
+    """(process, network, module keywords): from the config, or with ``teacher=PATH`` the
+    teacher's process and a student copy of its network (distillation modules)."""
+    if cfg.get("teacher"):
+        teacher = load_checkpoint(cfg.teacher)
+        data.use_tokenizer(teacher.tokenizer)
+        data.setup("fit")
+        network = student_of(teacher.network)
+        return (
+            teacher.process.train(),
+            network,
+            {
+                "teacher": teacher.network,
+                "model_config": teacher.config,
+            },
+        )
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
@@ -82,14 +97,37 @@ def train(cfg: DictConfig) -> None:
     network = instantiate(cfg.network, **network_kwargs)
     if cfg.init_from:
         load_network_weights(network, cfg.init_from)
+    return (
+        process,
+        network,
+        {
+            "log_prior": data.log_unigram(),
+            "model_config": model_config(cfg, process_kwargs, network_kwargs, data.labels),
+        },
+    )
+
+
+def train(cfg: DictConfig) -> None:
+    default_wandb_mode()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    factory = instantiate(cfg.module, _partial_=True)
+    needs_teacher = getattr(factory.func, "needs_teacher", False)
+    require(
+        needs_teacher == bool(cfg.get("teacher")),
+        f"module={HydraConfig.get().runtime.choices.get('module')} "
+        + ("needs teacher=PATH (a model.safetensors)" if needs_teacher else "takes no teacher=")
+        + "; distillation modules (module=distill_progressive|distill_consistency|distill_sdtt) "
+        "take one, module=diffusion does not",
+    )
+    data = instantiate(cfg.data)
+    process, network, extra = build(cfg, data)
     # A partial, called with the built objects: Hydra would turn them into configs.
-    module = instantiate(cfg.module, _partial_=True)(
+    module = factory(
         process=process,
         network=network,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=instantiate(cfg.get("lr_scheduler")),
-        log_prior=data.log_unigram(),
-        model_config=model_config(cfg, process_kwargs, network_kwargs, data.labels),
+        **extra,
     )
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     logger = instantiate(cfg.logger) if cfg.logger else False

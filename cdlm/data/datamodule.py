@@ -76,6 +76,10 @@ class TextDataModule(L.LightningDataModule):
         self.train_set: SequenceDataset | None = None
         self.val_set: SequenceDataset | None = None
 
+    def use_tokenizer(self, tokenizer) -> None:
+        """Tokenise with ``tokenizer`` (a model's own) instead of building one; before setup."""
+        self.tokenizer = tokenizer
+
     @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
@@ -84,11 +88,12 @@ class TextDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         docs = load_documents(self.path, self.text_column, self.label_column)
-        self.tokenizer = (
-            pretrained(self.tokenizer_name)
-            if self.tokenizer_name
-            else corpus_bpe(docs, self.vocab_size_target, self.cache_dir)
-        )
+        if self.tokenizer is None:  # else given by use_tokenizer (e.g. a teacher's)
+            self.tokenizer = (
+                pretrained(self.tokenizer_name)
+                if self.tokenizer_name
+                else corpus_bpe(docs, self.vocab_size_target, self.cache_dir)
+            )
         self.labels = sorted({d.label for d in docs})
         train, val = [], []
         for doc in docs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
 import time
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ import torch
 from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity
 from cdlm.evaluation.speed import measure
-from cdlm.generate import decode, default_sampler
+from cdlm.generate import decode, sampling_defaults
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.rng import mixed_seed
@@ -83,7 +84,7 @@ def evaluate_checkpoint(
     ckpt: str,
     sampler: Callable | None,
     *,
-    steps: int,
+    steps: int | None,
     num_samples: int,
     seed: int,
     repeats: int,
@@ -105,7 +106,9 @@ def evaluate_checkpoint(
     start = time.perf_counter()
     model = load_checkpoint(ckpt, device)
     load_seconds = time.perf_counter() - start
-    sampler = sampler or default_sampler(model.process)
+    steps, sampler, note = sampling_defaults(model.process, model.config, steps, sampler)
+    if note:
+        print(f"cdlm-eval: {note}", file=sys.stderr)
     seq_len = model.config["seq_len"]
     speed = measure(
         model,

@@ -23,7 +23,9 @@ class DeterministicSelfConditioned:
     def __init__(self, denoiser: Denoiser) -> None:
         self.denoiser = denoiser
 
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs) -> Prediction:
+    def __call__(
+        self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs
+    ) -> Prediction:
         return self.denoiser(x_t, t, self.denoiser(x_t, t, **kwargs).x0, **kwargs)
 
 

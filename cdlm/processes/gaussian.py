@@ -110,6 +110,14 @@ class GaussianProcess(ProcessModule):
         super().__init__()
         self.input = input if input is not None else VectorInput()
         self.objective = objective if objective is not None else CrossEntropy()
+        if not isinstance(self.objective, CrossEntropy | X0MSE):
+            raise ValueError(
+                f"unknown objective {objective!r}; valid: ce, mse (objective@process.objective=ce)"
+            )
+        if not isinstance(self.input, VectorInput | PosteriorInput):
+            raise ValueError(
+                f"unknown input {input!r}; valid: vector, posterior (input@process.input=vector)"
+            )
         if self.input.shift:
             if eos_id is None:
                 raise ValueError("a shifted input needs eos_id (the BOS it starts with)")
@@ -247,7 +255,7 @@ class GaussianProcess(ProcessModule):
         coin = torch.rand((), device=tokens.device, generator=generator)
         self_cond = self.training and bool(coin < self.input.self_cond_prob)
         pred = self.predict(denoiser, c.x_t, c.t, self_cond)
-        loss, metrics, ce_tokens = self.objective.loss(pred, c, valid, self)
+        loss, metrics, ce_tokens = self.objective.loss(pred, c, valid, self, generator)
         observation = None
         if self.training:
             shared = torch.ones(n, dtype=torch.bool, device=t.device)

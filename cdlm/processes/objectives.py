@@ -53,7 +53,7 @@ class CrossEntropy:
         return ExpectedEmbedding(denoiser, embedding)
 
     def loss(
-        self, pred: Prediction, c: Corrupted, valid: Tensor, process
+        self, pred: Prediction, c: Corrupted, valid: Tensor, process, generator=None
     ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """(loss, metrics, per-token CE (B, L))."""
         ce_tokens = token_ce(pred, c.tokens)
@@ -80,12 +80,13 @@ class X0MSE:
         return NearestReadout(denoiser, embedding)
 
     def loss(
-        self, pred: Prediction, c: Corrupted, valid: Tensor, process
+        self, pred: Prediction, c: Corrupted, valid: Tensor, process, generator=None
     ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         ce_tokens = token_ce(pred, c.tokens)
         mse = masked_mean((pred.x0.float() - c.x0.float()).pow(2).sum(-1), valid)
         zero = torch.zeros(c.tokens.shape[0], device=c.tokens.device)
-        low = process.noised(c.x0, zero, torch.randn_like(c.x0))
+        noise = torch.randn(c.x0.shape, device=c.x0.device, generator=generator, dtype=c.x0.dtype)
+        low = process.noised(c.x0, zero, noise)
         rounding = masked_mean(
             token_ce(Prediction(logits=process.embedding.logits(low)), c.tokens), valid
         )

@@ -49,7 +49,9 @@ def sample_ar(
         done |= (x[:, i] == eos) & stop_at_eos
         if callback is not None:
             callback(
-                StepInfo(i=i, t=1.0 - i / length, s=1.0 - (i + 1) / length, x=x.clone(), prediction=pred)
+                StepInfo(
+                    i=i, t=1.0 - i / length, s=1.0 - (i + 1) / length, x=x.clone(), prediction=pred
+                )
             )
         if done.all():
             x[:, i + 1 :] = eos

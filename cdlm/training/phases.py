@@ -69,7 +69,7 @@ class Phases(L.Callback):
         if self.ar and not getattr(pl_module.process, "next_token_layout", False):
             raise ValueError(
                 "an AR phase needs the next-token layout: process.shift=true (masked) or "
-                "process.input=posterior with shift=true (gaussian); or phases.ar=0"
+                "input@process.input=posterior process.input.shift=true (gaussian); or phases.ar=0"
             )
         if budget_progress(trainer) is None:
             raise ValueError(

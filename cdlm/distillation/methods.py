@@ -1,0 +1,139 @@
+"""Distillation methods: each turns (process, student, teacher, batch, step count) into a loss,
+reusing the process's time draw and corruption so that teacher and student see the very same
+noisy input. Chosen in ``conf/module/distill_*.yaml`` by ``_target_``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cdlm.denoiser import Denoiser
+from cdlm.distillation.targets import (
+    consistency_pair,
+    divergence,
+    progressive_target,
+    sdtt_target,
+)
+from cdlm.processes.base import LossOutput, masked_mean, valid_mask
+
+
+def _grid_draw(n: int, steps: int, device, generator) -> tuple[Tensor, Tensor]:
+    """Per row, one interval of the uniform ``steps``-step grid: (t, s = t - 1/steps), (n,)."""
+    i = torch.randint(1, steps + 1, (n,), device=device, generator=generator)
+    return i / steps, (i - 1) / steps
+
+
+def _ce(pred_logits: Tensor, tokens: Tensor, valid: Tensor) -> Tensor:
+    nll = F.cross_entropy(pred_logits.float().flatten(0, 1), tokens.flatten(), reduction="none")
+    return masked_mean(nll.view_as(tokens), valid)
+
+
+class Progressive:
+    """Progressive distillation (Salimans & Ho 2022) for gaussian processes: the student's one
+    DDIM step matches the teacher's two on the same uniform grid. Loss: the truncated-SNR
+    weighted x0 error, w = clamp(SNR(t), 1, ``max_weight``) (their "max(SNR, 1)", capped
+    because a VP schedule's SNR reaches e^10 near t = 0), plus ``ce_weight`` times the CE of the
+    student's logits (keeps the readout sharp, as ELF does for text)."""
+
+    name = "progressive"
+    process_kinds = ("gaussian",)
+    halves = True
+    sampler = "ddim"  # the deterministic sampler the student was distilled for
+    uses_ema_target = False
+
+    def __init__(self, ce_weight: float = 0.1, max_weight: float = 100.0) -> None:
+        self.ce_weight, self.max_weight = ce_weight, max_weight
+
+    def loss(
+        self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
+    ) -> LossOutput:
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        t, t_end = _grid_draw(tokens.shape[0], steps, tokens.device, generator)
+        c = process.corrupt(tokens, t, generator)
+        target = progressive_target(teacher, process, c.x_t, t, (t + t_end) / 2, t_end)
+        pred = student(c.x_t, t)
+        snr = (process.schedule.alpha(t) / process.schedule.sigma(t)) ** 2
+        weight = snr.clamp(1.0, self.max_weight)[:, None]
+        error = (pred.x0.float() - target.float()).pow(2).sum(-1)
+        mse = masked_mean(weight * error, valid)
+        ce = _ce(pred.logits, tokens, valid)
+        metrics = {"x0_mse": masked_mean(error, valid).detach(), "ce": ce.detach()}
+        return LossOutput(mse + self.ce_weight * ce, metrics)
+
+
+class Consistency:
+    """Consistency distillation (Song et al. 2023, Alg. 2) over the probability-flow ODE, the
+    teacher's DDIM step on a ``solver_steps`` grid as the solver: the student's x0 at
+    (z_{t_{n+1}}, t_{n+1}) matches the EMA student's at the teacher's (z_{t_n}, t_n); at t_n = 0
+    the target is z_0 itself (the boundary condition f(z, 0) = z). Squared L2 on x0 plus
+    ``ce_weight`` times the CE of the student's logits. Not halving: one round."""
+
+    name = "consistency"
+    process_kinds = ("gaussian",)
+    halves = False
+    sampler = "ddpm"  # multistep consistency sampling re-noises between steps
+    uses_ema_target = True
+
+    def __init__(self, solver_steps: int = 64, ce_weight: float = 0.1) -> None:
+        if solver_steps < 1:
+            raise ValueError(f"solver_steps must be >= 1, got {solver_steps}")
+        self.solver_steps, self.ce_weight = solver_steps, ce_weight
+
+    def loss(
+        self,
+        process,
+        student: Denoiser,
+        teacher: Denoiser,
+        batch,
+        steps: int,
+        generator=None,
+        target: Denoiser | None = None,
+    ) -> LossOutput:
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        t_next, t_now = _grid_draw(tokens.shape[0], self.solver_steps, tokens.device, generator)
+        c = process.corrupt(tokens, t_next, generator)
+        z_now = consistency_pair(teacher, process, c.x_t, t_next, t_now)
+        with torch.no_grad():
+            goal = (target or student)(z_now, t_now).x0
+            goal = torch.where((t_now <= 0)[:, None, None], z_now, goal)
+        pred = student(c.x_t, t_next)
+        error = (pred.x0.float() - goal.float()).pow(2).sum(-1)
+        mse = masked_mean(error, valid)
+        ce = _ce(pred.logits, tokens, valid)
+        return LossOutput(mse + self.ce_weight * ce, {"x0_mse": mse.detach(), "ce": ce.detach()})
+
+
+class SDTT:
+    """Self-Distillation Through Time (Deschenaux & Gulcehre 2024) for masked processes: at
+    every masked position the student's one-step prediction matches, by ``divergence``
+    (``reverse_kl``, the paper's default; ``forward_kl``; ``mse`` of log-probabilities), the
+    distribution the teacher reaches in two ancestral steps of size 1/teacher_steps."""
+
+    name = "sdtt"
+    process_kinds = ("masked",)
+    halves = True
+    sampler = "ancestral"
+    uses_ema_target = False
+
+    def __init__(self, divergence: str = "reverse_kl", teacher_steps_per_step: int = 2) -> None:
+        if divergence not in ("reverse_kl", "forward_kl", "mse"):
+            raise ValueError(
+                f"unknown divergence {divergence!r}; valid: reverse_kl, forward_kl, mse"
+            )
+        self.divergence, self.k = divergence, teacher_steps_per_step
+
+    def loss(
+        self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
+    ) -> LossOutput:
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        # one shared t per batch: the teacher's steps are whole-batch calls at one level
+        t = float(process.sample_t(1, generator, device=tokens.device))
+        c = process.corrupt(tokens, torch.full((tokens.shape[0],), t, device=tokens.device))
+        dt = 1.0 / (steps * self.k)
+        target = sdtt_target(teacher, process, c.x_t, t, dt, self.k, generator)
+        scored = c.noisy & valid
+        student_logp = student(c.x_t, c.t).logits
+        div = divergence(student_logp[scored], target[scored], self.divergence)
+        loss = div.mean() if div.numel() else student_logp.sum() * 0.0
+        return LossOutput(loss.float(), {"divergence": loss.detach().float()})

@@ -1,0 +1,195 @@
+"""The distillation LightningModule, beside ``DiffusionLM`` (not a subclass): a frozen teacher, a
+student that starts from the teacher's weights, a ``method`` (``cdlm.distillation.methods``) and
+rounds that halve the student's step count, each a share of the budget.
+
+The teacher and the consistency EMA target are kept out of the module's children, so the
+optimizer, the EMA callback and the exported model see the student alone; they are saved in
+Lightning checkpoints by hand, so a resumed run continues its round with its teacher.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from cdlm import rng
+from cdlm.distillation.targets import halvings
+from cdlm.guidance import WithLabel, drop_labels
+from cdlm.training.ema import averaged_copy
+from cdlm.training.phases import budget_progress
+
+
+class Distillation(L.LightningModule):
+    """Distils ``teacher`` (a network of ``process``) into a few-step student.
+
+    Args:
+        process: the teacher's process (frozen; teacher and student share its embeddings).
+        network: the student network, initialised from the teacher's weights.
+        teacher: the teacher network (frozen, eval mode, never updated or exported).
+        method: a ``cdlm.distillation.methods`` object.
+        optimizer, lr_scheduler: partials, as for ``DiffusionLM``.
+        start_steps: the teacher's step count in the first round (halving methods).
+        end_steps: the student's step count after the last round.
+        ema_decay: decay of the consistency target (``cdlm.training.ema.averaged_copy``).
+        label_dropout: condition dropout for class-conditional networks.
+        model_config: the teacher's model config; the student's adds a ``distillation`` record
+            (method, round, steps, grid, sampler) that cdlm-sample and cdlm-eval default to.
+        round_eval: called at the end of every round with (module, steps) -> dict of metrics to
+            log (``cdlm.distillation.report.RoundEval``), or None.
+    """
+
+    needs_teacher = True  # cdlm-train loads teacher=PATH and passes its network
+
+    def __init__(
+        self,
+        process: nn.Module,
+        network: nn.Module,
+        teacher: nn.Module,
+        method,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr_scheduler: Callable | None = None,
+        start_steps: int = 64,
+        end_steps: int = 4,
+        ema_decay: float = 0.99,
+        label_dropout: float = 0.1,
+        model_config: dict | None = None,
+        round_eval: Callable | None = None,
+    ) -> None:
+        super().__init__()
+        if process.kind not in method.process_kinds:
+            raise ValueError(
+                f"{method.name} distillation applies to {', '.join(method.process_kinds)} "
+                f"models; the teacher is {process.kind!r}"
+            )
+        if getattr(getattr(process, "input", None), "self_cond_prob", 0.0) > 0:
+            raise ValueError("distillation needs a teacher without self-conditioning")
+        self.process, self.network, self.method = process, network, method
+        self.process.requires_grad_(False)
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.label_dropout, self.round_eval = label_dropout, round_eval
+        self.counts = halvings(start_steps, end_steps) if method.halves else [end_steps]
+        self.round = 0
+        teacher = teacher.eval().requires_grad_(False)
+        # Plain attributes through object.__setattr__: not children of this module.
+        object.__setattr__(self, "teacher", teacher)
+        target = averaged_copy(network, ema_decay) if method.uses_ema_target else None
+        object.__setattr__(self, "ema_target", target)
+        self.base_config = model_config or {}
+
+    @property
+    def steps(self) -> int:
+        """The student's step count in the current round."""
+        return self.counts[self.round]
+
+    @property
+    def model_config(self) -> dict:
+        record = {
+            "method": self.method.name,
+            "round": self.round + 1,
+            "rounds": len(self.counts),
+            "steps": self.steps,
+            "grid": "uniform",
+            "sampler": self.method.sampler,
+        }
+        return self.base_config | {"distillation": record}
+
+    def _denoisers(self, batch):
+        student = self.process.make_denoiser(self.network)
+        teacher = self.process.make_denoiser(self.teacher)
+        target = self.ema_target and self.process.make_denoiser(self.ema_target.module)
+        if getattr(self.network, "num_classes", 0) > 0:
+            label = drop_labels(batch["label"], self.label_dropout)
+            student, teacher = WithLabel(student, label), WithLabel(teacher, label)
+            target = target and WithLabel(target, label)
+        return student, teacher, target
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.teacher.to(self.device)
+        student, teacher, target = self._denoisers(batch)
+        extra = {"target": target} if self.method.uses_ema_target else {}
+        out = self.method.loss(self.process, student, teacher, batch, self.steps, **extra)
+        self.log("train/loss", out.loss, prog_bar=True)
+        self.log("round", float(self.round + 1), prog_bar=True)
+        self.log_dict({f"train/{k}": v for k, v in out.metrics.items()})
+        return out.loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        student, teacher, target = self._denoisers(batch)
+        generator = rng.generator(batch_idx, batch["tokens"].device)
+        extra = {"target": target} if self.method.uses_ema_target else {}
+        out = self.method.loss(
+            self.process, student, teacher, batch, self.steps, generator, **extra
+        )
+        self.log("val/loss", out.loss, prog_bar=True)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        progress = budget_progress(self.trainer)
+        if progress is None:
+            raise ValueError("distillation rounds are shares of the budget: set trainer.max_steps")
+        wanted = min(len(self.counts) - 1, int(progress * len(self.counts)))
+        if wanted == self.round and batch_idx + self.trainer.global_step > 0:
+            return
+        if wanted != self.round:
+            self._end_round()
+            if self.method.halves:  # the student of round k teaches round k + 1
+                self.teacher.load_state_dict(self.network.state_dict())
+            self.round = wanted
+        teacher_steps = self.steps * 2 if self.method.halves else self.method.solver_steps
+        rank_zero_info(
+            f"distillation round {self.round + 1}/{len(self.counts)} ({self.method.name}): "
+            f"teacher {teacher_steps} steps -> student {self.steps} steps"
+        )
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.ema_target is not None:
+            self.ema_target.to(self.device)
+            self.ema_target.update_parameters(self.network)
+
+    def on_train_end(self) -> None:
+        self._end_round()
+
+    def _end_round(self) -> None:
+        if self.round_eval is None or self.trainer.sanity_checking:
+            return
+        metrics = self.round_eval(self, self.steps)
+        metrics = {f"round/{k}": v for k, v in metrics.items()} | {"round": self.round + 1}
+        for logger in self.trainer.loggers:
+            logger.log_metrics(metrics, step=self.trainer.global_step)
+        rank_zero_info(
+            f"round {self.round + 1} ({self.steps} steps): "
+            + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k != "round")
+        )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["distillation"] = {
+            "round": self.round,
+            "teacher": self.teacher.state_dict(),
+            "ema_target": self.ema_target.state_dict() if self.ema_target else None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint["distillation"]
+        self.round = saved["round"]
+        self.teacher.load_state_dict(saved["teacher"])
+        if self.ema_target is not None and saved["ema_target"] is not None:
+            self.ema_target.load_state_dict(saved["ema_target"])
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.network.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+def student_of(teacher: nn.Module) -> nn.Module:
+    """A trainable copy of the teacher network: the student starts from its weights."""
+    return copy.deepcopy(teacher).train().requires_grad_(True)

@@ -1,0 +1,122 @@
+"""What a distilled student learns to match: pure functions of a teacher denoiser and a draw of
+the forward process, so that the closed-form tests and the training modules share them.
+
+* ``progressive_target``: the x0 whose single DDIM step from t to t'' lands where the teacher's
+  two DDIM steps t -> t' -> t'' land (Salimans & Ho 2022, Alg. 2).
+* ``consistency_pair``: the teacher's one ODE (DDIM) step from t_{n+1} to t_n, the point whose
+  EMA-student output the student's output at t_{n+1} must equal (Song et al. 2023, Alg. 2).
+* ``sdtt_target``: per masked position, the log-probabilities the teacher used when it revealed
+  that position during two ancestral steps (or its last ones, if still masked): what the student
+  must predict in one step (Deschenaux & Gulcehre 2024, "Self-Distillation Through Time").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from cdlm.denoiser import Denoiser, per_position
+from cdlm.samplers.gaussian import step_ddim
+from cdlm.samplers.masked import Interval, step_ancestral
+
+
+def ddim_to(process, x: Tensor, x0: Tensor, t: Tensor, s: Tensor) -> Tensor:
+    """The deterministic DDIM step from t to s (B,) with the estimate ``x0``; s = 0 returns the
+    estimate itself, as the samplers' last interval does."""
+    schedule = process.schedule
+    coefficients = [per_position(f(v)) for v in (t, s) for f in (schedule.alpha, schedule.sigma)]
+    stepped = step_ddim(x, x0, *coefficients, torch.zeros_like(x))
+    return torch.where(per_position(s <= 0), x0, stepped)
+
+
+@torch.no_grad()
+def progressive_target(
+    teacher: Denoiser, process, z_t: Tensor, t: Tensor, t_mid: Tensor, t_end: Tensor
+) -> Tensor:
+    """x0 target (B, L, D) for the student's step t -> t_end from two teacher DDIM steps via
+    t_mid: solve z_end = alpha_end x + (sigma_end / sigma_t)(z_t - alpha_t x) for x. Where
+    t_end = 0 the student's step returns its estimate, so the target is the teacher's z_end."""
+    z_mid = ddim_to(process, z_t, teacher(z_t, t).x0, t, t_mid)
+    z_end = ddim_to(process, z_mid, teacher(z_mid, t_mid).x0, t_mid, t_end)
+    a_t, s_t = process.schedule.alpha(t), process.schedule.sigma(t)
+    a_e, s_e = process.schedule.alpha(t_end), process.schedule.sigma(t_end)
+    ratio = s_e / s_t
+    x = (z_end - per_position(ratio) * z_t) / per_position(a_e - ratio * a_t)
+    return torch.where(per_position(t_end <= 0), z_end, x)
+
+
+@torch.no_grad()
+def consistency_pair(
+    teacher: Denoiser, process, z_next: Tensor, t_next: Tensor, t_now: Tensor
+) -> Tensor:
+    """z at t_now (B, L, D): one teacher DDIM (probability-flow ODE) step from z_next at t_next."""
+    return ddim_to(process, z_next, teacher(z_next, t_next).x0, t_next, t_now)
+
+
+@torch.no_grad()
+def sdtt_target(
+    teacher: Denoiser,
+    process,
+    z: Tensor,
+    t: float,
+    dt: float,
+    steps: int = 2,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """(B, L, V) teacher log-probabilities for the masked positions of ``z`` (B, L): the teacher
+    takes ``steps`` MDLM ancestral steps of size ``dt`` from t (``step_ancestral``, float64
+    draws); a position revealed at a step gets that step's log-probabilities, one still masked
+    gets the last step's. Unmasked positions are left at 0 (the student is not scored there)."""
+    keep = process.schedule.keep
+    target = torch.zeros((*z.shape, process.vocab_size), device=z.device)
+    decided = torch.zeros_like(z, dtype=torch.bool)
+    x, logp = z, None
+    for k in range(steps):
+        t_k, s_k = max(t - k * dt, 0.0), max(t - (k + 1) * dt, 0.0)
+        tt = torch.full((z.shape[0],), t_k, device=z.device)
+        logp = teacher(x, tt).logits
+        k_t, k_s = float(keep(torch.tensor(t_k))), float(keep(torch.tensor(s_k)))
+        p_reveal = 1.0 if s_k <= 0 else (k_s - k_t) / (1.0 - k_t)
+        iv = Interval(t=t_k, s=s_k, steps_left=steps - k, p_reveal=p_reveal)
+        open_ = x == process.mask_id
+        new = step_ancestral(x, logp, open_, iv, generator)
+        revealed = open_ & (new != process.mask_id)
+        target = torch.where(revealed[..., None], logp, target)
+        decided |= revealed
+        x = new
+    still = (z == process.mask_id) & ~decided
+    return torch.where(still[..., None], logp, target)
+
+
+def divergence(student_logp: Tensor, teacher_logp: Tensor, kind: str) -> Tensor:
+    """Per-row divergence (N,) between log-probabilities (N, V): ``reverse_kl`` KL(student ||
+    teacher) (SDTT's default), ``forward_kl`` KL(teacher || student), or ``mse`` of the
+    log-probabilities. -inf entries (SUBS' [MASK]) contribute nothing."""
+    s, q = student_logp.double(), teacher_logp.double()
+    finite = torch.isfinite(s) & torch.isfinite(q)
+    if kind == "reverse_kl":
+        terms = s.exp() * (s - q)
+    elif kind == "forward_kl":
+        terms = q.exp() * (q - s)
+    elif kind == "mse":
+        terms = (s - q) ** 2
+    else:
+        raise ValueError(f"unknown divergence {kind!r}; valid: reverse_kl, forward_kl, mse")
+    return torch.where(finite, terms, 0.0).sum(-1)
+
+
+def halvings(start: int, end: int) -> list[int]:
+    """Student step counts of progressive rounds: start/2, start/4, ... down to ``end``."""
+    if start < 2 or end < 1 or end >= start:
+        raise ValueError(
+            f"progressive rounds need start_steps >= 2 > end_steps >= 1, got {start}, {end}"
+        )
+    if 2 ** round(math.log2(start)) != start or 2 ** round(math.log2(end)) != end:
+        raise ValueError(f"start_steps and end_steps must be powers of two, got {start}, {end}")
+    counts, n = [], start
+    while n > end:
+        n //= 2
+        counts.append(n)
+    return counts
