@@ -71,15 +71,18 @@ def model_config(
     }
 
 
-def build(cfg: DictConfig, data) -> tuple[Any, Any, dict[str, Any]]:
-    """(process, network, module keywords): from the config, or with ``teacher=PATH`` the
-    teacher's process and a student copy of its network (distillation modules)."""
+def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(data, process, network, module keywords): from the config, or with ``teacher=PATH`` the
+    teacher's tokenizer, sequence length and process and a student copy of its network
+    (distillation modules)."""
     if cfg.get("teacher"):
         teacher = load_checkpoint(cfg.teacher)
+        data = instantiate(cfg.data, seq_len=teacher.config["seq_len"])
         data.use_tokenizer(teacher.tokenizer)
         data.setup("fit")
         network = student_of(teacher.network)
         return (
+            data,
             teacher.process.train(),
             network,
             {
@@ -87,6 +90,7 @@ def build(cfg: DictConfig, data) -> tuple[Any, Any, dict[str, Any]]:
                 "model_config": teacher.config,
             },
         )
+    data = instantiate(cfg.data)
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
@@ -98,6 +102,7 @@ def build(cfg: DictConfig, data) -> tuple[Any, Any, dict[str, Any]]:
     if cfg.init_from:
         load_network_weights(network, cfg.init_from)
     return (
+        data,
         process,
         network,
         {
@@ -119,8 +124,7 @@ def train(cfg: DictConfig) -> None:
         + "; distillation modules (module=distill_progressive|distill_consistency|distill_sdtt) "
         "take one, module=diffusion does not",
     )
-    data = instantiate(cfg.data)
-    process, network, extra = build(cfg, data)
+    data, process, network, extra = build(cfg)
     # A partial, called with the built objects: Hydra would turn them into configs.
     module = factory(
         process=process,
