@@ -124,7 +124,7 @@ def context_tables(ckpt: str) -> dict:
     model = load_checkpoint(ckpt)
     data = corpus_split(model)
     result: dict = {}
-    if model.process.kind != "autoregressive":
+    if model.process.noise_levels:
         transition = bigram_transition(data.train_set.tokens, model.process.vocab_size)
         result["context"] = context_use(
             model, data.val_set.tokens, data.log_unigram(), CONTEXT_TIMES, transition=transition

@@ -37,6 +37,7 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
+from cdlm.processes.block import BlockProcess
 from cdlm.processes.parameterization import VectorInput
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 
@@ -60,6 +61,7 @@ def make_process(kind: str) -> nn.Module:
         ),
         "masked": lambda: MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS, shift=False),
         "autoregressive": lambda: AutoregressiveProcess(vocab_size=V, bos_id=EOS),
+        "block": lambda: BlockProcess(vocab_size=V, mask_id=MASK, block_size=4, eos_id=EOS),
     }
     torch.manual_seed(0)
     return builders[kind]().double()
@@ -140,6 +142,12 @@ def calls_after_a_change(run: Run) -> int:
     return 1 + sum(changed[:-1])
 
 
+def steps_and_cached_blocks(run: Run) -> int:
+    """Block diffusion with its KV cache: every denoising step, plus one pass writing each
+    finished block before the next (L = 8 is two blocks of 4; no row ends early here)."""
+    return len(run.seen) + L // 4 - 1
+
+
 def tokens_generated(run: Run) -> int:
     """AR: one call per token, up to the position where every row has produced EOS."""
     eos = run.out.tokens == run.process.bos_id
@@ -181,6 +189,7 @@ CASES: dict[str, Case] = {
     "confidence": Case("masked", per_step, per_step),
     "threshold": Case("masked", steps_until_decided, steps_until_decided),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
+    "block": Case("block", steps_and_cached_blocks, steps_until_decided),
 }
 
 # Further options whose NFE and positions accounting differs: the rolling per-token grid,
@@ -190,6 +199,10 @@ VARIANTS: list[tuple[str, dict]] = [
     ("ancestral", {"block_length": 3}),
     ("confidence", {"block_length": 4}),
     ("ar", {"use_cache": False}),
+    ("block", {"cache": "none"}),  # the clean past recomputed in every call
+    ("ancestral", {"block_length": 4, "cache": "prefix"}),  # Fast-dLLM's approximate caches
+    ("threshold", {"block_length": 4, "cache": "dual"}),
+    ("confidence", {"block_length": 4, "cache": "dual", "refresh": 1}),
 ]
 
 
@@ -262,8 +275,13 @@ def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
     if process.kind == "gaussian":
         x0 = process.embedding(data).detach()
         return lambda x_t, t, self_cond=None, **kw: Prediction(x0=x0, logits=point_mass(data))
-    if process.kind == "masked":
-        return lambda z, t, self_cond=None, **kw: Prediction(logits=point_mass(data))
+    if process.kind in ("masked", "block"):  # a window call predicts its positions only
+
+        def certain(z, t, self_cond=None, positions=None, **kw):
+            return Prediction(logits=point_mass(data if positions is None else data[:, positions]))
+
+        certain.network = network  # cached samplers take their KV cache from the network
+        return certain
     return ForcedNextToken(process.sampling_denoiser(network), data)
 
 
@@ -360,7 +378,8 @@ def test_one_callback_per_step_and_the_steps_tile_time(name: str) -> None:
     assert len(r.seen) == CASES[name].callbacks(r)
     assert [st.i for st in r.seen] == list(range(len(r.seen)))
     assert r.seen[0].t == 1.0
-    assert all(a.s == b.t for a, b in zip(r.seen, r.seen[1:], strict=False))
+    # consecutive steps join end to end; a block sampler starts each block at t = 1 again
+    assert all(a.s == b.t or b.t == 1.0 for a, b in zip(r.seen, r.seen[1:], strict=False))
     if len(r.seen) == r.steps and r.process.kind != "autoregressive":
         assert r.seen[-1].s == 0.0
     assert torch.equal(r.seen[-1].x, r.out.x)

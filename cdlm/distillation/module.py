@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -18,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from cdlm import rng
+from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.distillation.targets import halvings
 from cdlm.guidance import WithLabel, drop_labels
 from cdlm.training.ema import averaged_copy
@@ -41,6 +43,8 @@ class Distillation(L.LightningModule):
             (method, round, steps, grid, sampler) that cdlm-sample and cdlm-eval default to.
         round_eval: called at the end of every round with (module, steps) -> dict of metrics to
             log (``cdlm.distillation.report.RoundEval``), or None.
+        round_dir: if set, each round's student is also written there as
+            ``round<k>_<steps>steps.safetensors`` (the students of every step count, for tables).
     """
 
     needs_teacher = True  # cdlm-train loads teacher=PATH and passes its network
@@ -59,6 +63,7 @@ class Distillation(L.LightningModule):
         label_dropout: float = 0.1,
         model_config: dict | None = None,
         round_eval: Callable | None = None,
+        round_dir: str | None = None,
     ) -> None:
         super().__init__()
         if process.kind not in method.process_kinds:
@@ -72,6 +77,7 @@ class Distillation(L.LightningModule):
         self.process.requires_grad_(False)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.label_dropout, self.round_eval = label_dropout, round_eval
+        self.round_dir = Path(round_dir) if round_dir else None
         self.counts = halvings(start_steps, end_steps) if method.halves else [end_steps]
         self.round = 0
         teacher = teacher.eval().requires_grad_(False)
@@ -154,7 +160,15 @@ class Distillation(L.LightningModule):
         self._end_round()
 
     def _end_round(self) -> None:
-        if self.round_eval is None or self.trainer.sanity_checking:
+        if self.trainer.sanity_checking:
+            return
+        if self.round_dir is not None and self.global_rank == 0:
+            name = f"round{self.round + 1}_{self.steps}steps.safetensors"
+            model = Model(
+                self.process, self.network, self.trainer.datamodule.tokenizer, self.model_config
+            )
+            save_checkpoint(self.round_dir / name, model)
+        if self.round_eval is None:
             return
         metrics = self.round_eval(self, self.steps)
         metrics = {f"round/{k}": v for k, v in metrics.items()} | {"round": self.round + 1}

@@ -242,13 +242,15 @@ class Transformer(nn.Module):
         label: Tensor | None = None,
         *,
         positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
     ) -> Tensor:
         """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,)
         noise level in [0, 1]; self_cond: (B, L, in_dim) or None; cache: from ``new_cache``,
         attended to and, unless ``cache.frozen``, extended in place by this chunk of any length;
         label: (B,) class ids, -1 (or None) for none; positions: (L,) or (B, L) absolute
-        positions for the rotary angles, default ``cache.length`` onward (0 without a cache).
-        Returns (B, L, out_dim)."""
+        positions for the rotary angles, default ``cache.length`` onward (0 without a cache);
+        attn_mask: (L, L) bool, True = visible, for an uncached call (e.g. block diffusion's
+        vectorised training mask); it replaces the causal/annealed mask. Returns (B, L, out_dim)."""
         length, past = x.shape[1], 0 if cache is None else cache.length
         rope = self._positions(x.shape[0], length, past, positions)
         if self.self_condition:
@@ -265,6 +267,10 @@ class Transformer(nn.Module):
         elif label is not None and bool((label >= 0).any()):
             raise ValueError("this network was trained without labels (num_classes=0)")
         mask, is_causal = self._attention(length, cache, x.device)
+        if attn_mask is not None:
+            if cache is not None:
+                raise ValueError("attn_mask is for uncached calls; a cache fixes its own mask")
+            mask, is_causal = attn_mask, False
         write = cache is not None and not cache.frozen
         for i, block in enumerate(self.blocks):
             layer = None if cache is None else cache[i]

@@ -3,11 +3,13 @@
 
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, Process
+from cdlm.processes.block import BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
 
 __all__ = [
     "AutoregressiveProcess",
+    "BlockProcess",
     "Corrupted",
     "GaussianProcess",
     "LevelEval",

@@ -53,24 +53,53 @@ class MaskedDenoiser:
         t: Tensor,
         self_cond: Tensor | None = None,
         subs: bool = True,
+        *,
+        positions: Tensor | None = None,
         **kwargs,
     ) -> Prediction:
-        """``subs=False`` skips the carry-over of unmasked inputs: the plain predictions at every
-        position. Other keywords (label, cache, positions) reach the network."""
+        """z: the whole canvas (B, L). ``positions`` (W,): predict only those canvas positions
+        (a window, e.g. a block attending to a KV cache passed in ``cache``); the network reads
+        the inputs that feed them (z there, or z one to the left after the BOS when shifted),
+        at those absolute positions. ``subs=False`` skips the carry-over of unmasked inputs.
+        Other keywords (label, cache) reach the network. Returns (B, L or W, V)."""
         zeros = torch.zeros(z.shape[0], device=z.device)
-        if self.shift_from is None:
-            logits = full_precision(self.network(z, zeros, **kwargs))
+        if positions is None:
+            if self.shift_from is None:
+                out = self.network(z, zeros, **kwargs)
+            else:
+                bos = torch.full_like(z[:, :1], self.shift_from)
+                out = self.network(torch.cat([bos, z], dim=1), zeros, **kwargs)[:, :-1]
+            seen = z
         else:
-            bos = torch.full_like(z[:, :1], self.shift_from)
-            out = self.network(torch.cat([bos, z], dim=1), zeros, **kwargs)
-            logits = full_precision(out[:, :-1])
+            inputs = self.window_inputs(z, positions)
+            out = self.network(inputs, zeros, positions=positions, **kwargs)
+            seen = z[:, positions.clamp(max=z.shape[1] - 1)]
+        return self.parameterize(out, seen, subs)
+
+    def parameterize(self, out: Tensor, seen: Tensor, subs: bool = True) -> Prediction:
+        """SUBS (MDLM Sec. 3.2): log-probabilities of the network's ``out`` (B, W, V) with none
+        on [MASK], and each unmasked input of ``seen`` (B, W) carried over (unless not
+        ``subs``)."""
+        logits = full_precision(out)
         no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         no_mask[self.mask_id] = True
         logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
         if not subs:
             return Prediction(logits=logp)
-        carried = torch.full_like(logp, -math.inf).scatter_(-1, z[..., None], 0.0)
-        return Prediction(logits=torch.where((z != self.mask_id)[..., None], carried, logp))
+        carried = torch.full_like(logp, -math.inf).scatter_(-1, seen[..., None], 0.0)
+        return Prediction(logits=torch.where((seen != self.mask_id)[..., None], carried, logp))
+
+    def window_inputs(self, z: Tensor, positions: Tensor) -> Tensor:
+        """The network inputs at ``positions`` of its own sequence: z[positions], or, shifted,
+        z[positions - 1] with the BOS at 0 (network position L then holds z's last token)."""
+        if self.shift_from is None:
+            return z[:, positions]
+        left = z[:, (positions - 1).clamp(min=0)]
+        return torch.where(positions[None] == 0, self.shift_from, left)
+
+    def network_length(self, length: int) -> int:
+        """Positions of the network's sequence for a canvas of ``length`` (+1 for the BOS)."""
+        return length + (self.shift_from is not None)
 
 
 class MaskedProcess(TokenProcess):
@@ -150,6 +179,10 @@ class MaskedProcess(TokenProcess):
         z = torch.where(masked, self.mask_id, tokens)
         return Corrupted(tokens=tokens, x0=tokens, x_t=z, t=t, noisy=masked)
 
+    def predict(self, denoiser: Denoiser, c: Corrupted) -> Prediction:
+        """The denoiser's prediction for a corruption (block diffusion adds the clean stream)."""
+        return denoiser(c.x_t, c.t)
+
     def weight(self, t: Tensor) -> Tensor:
         """The ELBO weight of the masked CE at t: -keep'(t) / (1 - keep(t)) (MDLM eq. 10)."""
         return -self.schedule.dkeep(t) / (1.0 - self.schedule.keep(t))
@@ -158,12 +191,13 @@ class MaskedProcess(TokenProcess):
         """(ELBO integrand summed over valid positions (B,), mean CE per masked token (B,)),
         both in nats."""
         nll = F.cross_entropy(
-            denoiser(c.x_t, c.t).logits.flatten(0, 1), c.tokens.flatten(), reduction="none"
+            self.predict(denoiser, c).logits.flatten(0, 1), c.tokens.flatten(), reduction="none"
         ).view_as(c.tokens)
         scored = c.noisy & valid
-        masked_nll = (nll * scored).sum(-1)
-        per_masked = masked_nll / scored.sum(-1).clamp_min(1)
-        return self.weight(c.t) * masked_nll, per_masked
+        weight = self.weight(c.t)
+        weight = weight[:, None] if weight.dim() == 1 else weight  # per sequence or per token
+        per_masked = (nll * scored).sum(-1) / scored.sum(-1).clamp_min(1)
+        return (weight * nll * scored).sum(-1), per_masked
 
     def sample_t(
         self,
@@ -193,12 +227,12 @@ class MaskedProcess(TokenProcess):
                 raise ValueError("an AR phase needs process.shift=true (next-token layout)")
             zeros = torch.zeros(tokens.shape[0], device=tokens.device)
             return next_token_loss(denoiser(tokens, zeros, subs=False).logits, tokens, valid)
-        t = self.sample_t(tokens.shape[0], generator, device=tokens.device)
+        t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         c = self.corrupt(tokens, t, generator)
         integrand, per_masked = self.elbo(denoiser, c, valid)
         nats = integrand.sum() / valid.sum().clamp_min(1)
         observation = None
-        if self.training:
+        if self.training and t.dim() == 1:  # a learned time sampler sees one level per row
             seen = (c.noisy & valid).any(-1)  # a row without masks says nothing about its level
             u = (t - self.t_min) / (1.0 - self.t_min)  # the time sampler's own units
             observation = (u[seen].detach(), per_masked[seen].detach())
@@ -214,7 +248,7 @@ class MaskedProcess(TokenProcess):
         if not torch.is_tensor(t):
             t = torch.full((tokens.shape[0],), float(t), device=tokens.device)
         c = self.corrupt(tokens, t, generator)
-        logits = denoiser(c.x_t, c.t).logits
+        logits = self.predict(denoiser, c).logits
         seen = torch.full(logits.shape, -math.inf, device=tokens.device)
         seen.scatter_(-1, c.x_t[..., None], 0.0)
         evidence = torch.where(c.noisy[..., None], 0.0, seen)

@@ -1,0 +1,116 @@
+"""The pure step functions of masked diffusion sampling, shared by the whole-canvas loop
+(``cdlm.samplers.masked``) and the cached block loop (``cdlm.samplers.blockwise``).
+
+A state is a (B, L) tensor of token ids with [MASK] where nothing is decided yet. Each step
+decides which still-masked ``open_`` positions to commit and to what, and never changes a
+committed token. Categorical draws are float64 and made only at the positions being decided.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cdlm.samplers.base import sample_categorical
+
+
+@dataclass
+class Interval:
+    """One step of a block: from time t to s, with ``steps_left`` steps (this one included)."""
+
+    t: float
+    s: float
+    steps_left: int
+    p_reveal: float  # MDLM: (keep(s) - keep(t)) / (1 - keep(t))
+
+
+def _commit(x: Tensor, logp: Tensor, chosen: Tensor, generator, temperature: float) -> Tensor:
+    """Fills the ``chosen`` positions (B, L) with draws from ``logp``; the rest stays."""
+    x = x.clone()
+    x[chosen] = sample_categorical(logp[chosen], generator, temperature)
+    return x
+
+
+def step_ancestral(
+    x: Tensor, logp: Tensor, open_: Tensor, iv: Interval, generator, temperature: float = 1.0
+) -> Tensor:
+    """MDLM's reverse step (Sahoo et al. 2024, eq. 7): each open masked position is revealed
+    with probability (keep(s) - keep(t)) / (1 - keep(t)), with a token drawn from p_theta."""
+    u = torch.rand(x.shape, device=x.device, generator=generator, dtype=torch.float64)
+    return _commit(x, logp, open_ & (u < iv.p_reveal), generator, temperature)
+
+
+def _confidence(
+    x: Tensor, logp: Tensor, open_: Tensor, generator, temperature: float
+) -> tuple[Tensor, Tensor]:
+    """Proposed tokens at every position and their probability (-inf where not open)."""
+    proposal = sample_categorical(logp, generator, temperature)
+    conf = logp.gather(-1, proposal[..., None]).squeeze(-1).double()
+    return proposal, conf.masked_fill(~open_, -torch.inf)
+
+
+def step_topk(
+    x: Tensor, logp: Tensor, open_: Tensor, iv: Interval, generator, temperature: float = 0.0
+) -> Tensor:
+    """Low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5): propose a token at every open
+    position and keep the ceil(open / steps_left) most confident ones; the rest stay masked."""
+    proposal, conf = _confidence(x, logp, open_, generator, temperature)
+    k = torch.ceil(open_.sum(-1) / iv.steps_left).long()
+    rank = conf.argsort(-1, descending=True).argsort(-1)
+    chosen = open_ & (rank < k[:, None])
+    return torch.where(chosen, proposal, x)
+
+
+def step_threshold(
+    x: Tensor,
+    logp: Tensor,
+    open_: Tensor,
+    iv: Interval,
+    generator,
+    temperature: float = 0.0,
+    threshold: float = 0.9,
+) -> Tensor:
+    """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025): commit every open
+    position whose proposal has probability above ``threshold``, and at least the most confident
+    one per row; the last step of a block commits everything left."""
+    proposal, conf = _confidence(x, logp, open_, generator, temperature)
+    best = torch.zeros_like(open_).scatter_(-1, conf.argmax(-1, keepdim=True), True)
+    chosen = open_ & ((conf > math.log(threshold)) | best | (iv.steps_left == 1))
+    return torch.where(chosen, proposal, x)
+
+
+def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
+    """Lowers by ``penalty`` nats the log-probability of each position's decided left and right
+    neighbour tokens, then renormalises: a guard against the runs of one token (", , ,", "the
+    the") that parallel decoding produces when neighbours are filled from marginals that each
+    favour the same frequent token. x: (B, L) state; logp: (B, L, V)."""
+    if penalty <= 0:
+        return logp
+    pad = torch.full_like(x[:, :1], mask_id)
+    hit = torch.zeros_like(logp, dtype=torch.bool)
+    for neighbour in (torch.cat([pad, x[:, :-1]], 1), torch.cat([x[:, 1:], pad], 1)):
+        hit.scatter_(-1, neighbour[..., None], True)
+    hit[..., mask_id] = False  # an undecided neighbour says nothing
+    return (logp - penalty * hit.to(logp.dtype)).log_softmax(-1)
+
+
+def blocks_of(length: int, block_length: int | None) -> list[tuple[int, int]]:
+    if block_length is None or block_length >= length:
+        return [(0, length)]
+    if block_length < 1:
+        raise ValueError(f"block_length must be >= 1, got {block_length}")
+    return [(a, min(a + block_length, length)) for a in range(0, length, block_length)]
+
+
+def finished_at_eos(x: Tensor, upto: int, eos: int | None, mask_id: int) -> bool:
+    """True when every row has an EOS in [0, upto) with no mask before it."""
+    if eos is None:
+        return False
+    head = x[:, :upto]
+    has_eos = head == eos
+    first = torch.where(has_eos.any(-1), has_eos.float().argmax(-1), upto)
+    before = torch.arange(upto, device=x.device)[None] < first[:, None]
+    return bool(has_eos.any(-1).all() and not ((head == mask_id) & before).any())

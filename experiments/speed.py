@@ -1,0 +1,210 @@
+"""Decoding speed beside quality, one run: KV-cached AR against block diffusion with its KV cache
+(and threshold decoding) and the full-attention masked model with no, prefix and dual cache.
+
+    python experiments/speed.py --ar A.safetensors --block B4.safetensors --masked M.safetensors \
+        --out docs/speed
+
+Every row: tokens/s (min/median/max over timed runs after a warm-up), NFE, positions processed,
+peak memory, time until the first token is final, gen-PPL beside entropy (no-prompt rows; the
+prompt rows time the same decoding after a cached prompt), and the model's bound. Writes
+``<out>.json``/``.md``; ``scripts/frontier.py`` draws gen-PPL against tokens/s from it or from
+any ``cdlm-eval`` reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from cdlm import config_dir
+from cdlm.checkpoint import load_checkpoint
+from cdlm.evaluation.harness import text_quality, val_bits_per_token
+from cdlm.evaluation.quality import load_scorer
+from cdlm.evaluation.speed import measure
+from cdlm.generate import decode
+from cdlm.io import atomic_write_text
+from cdlm.likelihood.evaluate import validation_tokens
+from cdlm.regions import build_canvas, prompt_template
+
+THRESHOLD = "cdlm.samplers.masked_steps.step_threshold"
+
+
+def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
+    """(name, model key, sampler config, options, steps, temperature) per row."""
+    rows = [
+        ("AR, KV cache, T=1", "ar", "ar", {"stop_at_eos": False}, 1, 1.0),
+        ("AR, KV cache, T=0.9", "ar", "ar", {"stop_at_eos": False, "temperature": 0.9}, 1, 0.9),
+    ]
+    for key in args.block_keys:
+        for k in (1, 2, 4):
+            rows.append(
+                (f"{key}, {k} step(s)/block, cache", key, "block", {"steps_per_block": k}, 1, 1.0)
+            )
+        for tau in (0.9, 0.7):
+            step = {"_target_": THRESHOLD, "_partial_": True, "threshold": tau}
+            rows.append(
+                (
+                    f"{key}, threshold {tau}, cache",
+                    key,
+                    "block",
+                    {"step": step, "steps_per_block": 4, "temperature": 0.0},
+                    1,
+                    0.0,
+                )
+            )
+    for cache in ("none", "prefix", "dual"):
+        rows.append(
+            (
+                f"masked, blocks of 32, threshold 0.9, cache={cache}",
+                "masked",
+                "threshold",
+                {"block_length": 32, "cache": cache},
+                64,
+                0.0,
+            )
+        )
+    return rows
+
+
+def sampler(config: str, options: dict):
+    cfg = OmegaConf.load(config_dir() / "sampler" / f"{config}.yaml")
+    return instantiate(OmegaConf.merge(cfg, options))
+
+
+def prompt_canvas(model, tokens: int):
+    """The first ``tokens`` tokens of the first val sequence as a prompt on a full canvas."""
+    ids = validation_tokens(model)[0, :tokens].tolist()
+    text = decode(model.tokenizer, ids, cut_at_eos=False).text
+    tok = model.tokenizer
+    fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
+    return build_canvas(prompt_template(text), tok, model.config["seq_len"], fill)
+
+
+def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prompt, args, scorer):
+    canvas = prompt_canvas(model, args.prompt_tokens) if prompt else None
+    speed = measure(
+        model,
+        sampler(config, options),
+        args.repeats,
+        steps=steps,
+        num_samples=batch,
+        seq_len=model.config["seq_len"],
+        seed=0,
+        grid="uniform",
+        cut_at_eos=canvas is None,
+        **({"canvas": canvas} if canvas else {}),
+    )
+    gen = speed.pop("generation")
+    row = {
+        "name": name,
+        "process": model.process.kind,
+        "ckpt": ckpt,
+        "batch": batch,
+        "temperature": temperature,
+        "prompt_tokens": 0 if canvas is None else sum(not e for e in canvas.editable),
+        "new_tokens": model.config["seq_len"]
+        - (0 if canvas is None else sum(not e for e in canvas.editable)),
+        "tokens_per_s_median": speed["steady"]["tokens_per_sec"]["median"],
+        "tokens_per_s": speed["steady"]["tokens_per_sec"],
+        "wall_seconds": speed["steady"]["wall_seconds"],
+        "nfe": speed["steady"]["nfe"]["median"],
+        "positions": speed["steady"]["positions"]["median"],
+        "first_token_seconds": speed["steady"]["first_stable_seconds"],
+        "peak_memory_mb": speed["peak_memory_mb"],
+    }
+    if canvas is None:
+        q = text_quality([s.token_ids for s in gen.samples], [s.text for s in gen.samples], scorer)
+        row |= {"gen_ppl": q.get("gen_ppl"), "entropy": q["token_entropy_bits"]}
+    print(
+        f"{name} batch {batch}{' prompt' if canvas else ''}: {row['tokens_per_s_median']:.0f} tok/s",
+        flush=True,
+    )
+    return row
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# Decoding speed against quality on 2 CPU cores",
+        "",
+        "Generated by `experiments/speed.py` in one run. tokens/s: final tokens per second "
+        f"(min / median / max of {report['repeats']} timed runs after a warm-up); NFE and "
+        "positions per sequence; gen-PPL (SmolLM2-135M) and entropy on the no-prompt rows.",
+        "",
+        "| row | batch | prompt | tokens/s (min/med/max) | NFE | positions | first token s | peak MB | gen-PPL | entropy | bound (bits/token) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        t, ft = r["tokens_per_s"], r["first_token_seconds"]
+        ppl = f"{r['gen_ppl']:.0f}" if r.get("gen_ppl") else ""
+        ent = f"{r['entropy']:.2f}" if r.get("entropy") is not None else ""
+        bound = report["bounds"].get(r["ckpt"], {}).get("bits_per_token")
+        first = f"{ft['median']:.3f}" if ft else ""
+        lines.append(
+            f"| {r['name']} | {r['batch']} | {r['prompt_tokens']} | {t['min']:.0f} / "
+            f"{t['median']:.0f} / {t['max']:.0f} | {r['nfe']:.0f} | {r['positions']:.0f} | "
+            f"{first} | {r['peak_memory_mb']:.0f} | {ppl} | {ent} | "
+            f"{'' if bound is None else f'{bound:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ar", required=True)
+    parser.add_argument("--masked", required=True)
+    parser.add_argument("--block", action="append", default=[], help="KEY=PATH, e.g. block4=...")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--likelihood-sequences", type=int, default=128)
+    parser.add_argument("--out", default="docs/speed")
+    args = parser.parse_args()
+    ckpts = {"ar": args.ar, "masked": args.masked} | dict(b.split("=", 1) for b in args.block)
+    args.block_keys = [b.split("=", 1)[0] for b in args.block]
+    models = {k: load_checkpoint(v) for k, v in ckpts.items()}
+    scorer = load_scorer()
+    torch.set_grad_enabled(False)
+    rows = []
+    for batch in map(int, args.batches.split(",")):
+        for prompt in (False, True):
+            for name, key, config, options, steps, temperature in rows_for(args):
+                rows.append(
+                    evaluate(
+                        name,
+                        models[key],
+                        ckpts[key],
+                        config,
+                        options,
+                        steps,
+                        temperature,
+                        batch,
+                        prompt,
+                        args,
+                        scorer,
+                    )
+                )
+    bounds = {
+        ckpt: val_bits_per_token(
+            models[k], validation_tokens(models[k])[: args.likelihood_sequences], seed=0
+        )
+        for k, ckpt in ckpts.items()
+    }
+    report = {
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "bounds": bounds,
+    }
+    out = Path(args.out)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out.with_suffix(".md"), markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
