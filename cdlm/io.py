@@ -1,5 +1,9 @@
-"""Atomic file writes: write to a temporary file in the same folder, then rename over the target,
-so a crash or an error never leaves half a file (or destroys the previous one)."""
+"""Safe file writes: atomic replacement, and a lock that keeps two runs out of one folder.
+
+An atomic write goes to a temporary file in the same folder, is flushed to disk, then renamed over
+the target, so a crash, a kill or an error never leaves half a file (or destroys the previous
+one), and two writers of one path leave one whole file: the last to finish.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+try:  # POSIX; elsewhere folder locks are not enforced
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 
 @contextmanager
@@ -19,11 +28,63 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        _fsync(tmp)  # the rename must not reach the disk before the data
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
 
 
+def _fsync(path: str | Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder's lock (bad input: choose another folder)."""
+
+
+_held: dict[Path, tuple[int, int]] = {}  # folder -> (fd, depth): re-entrant within a process
+
+
+@contextmanager
+def folder_lock(folder: str | Path, name: str = ".cdlm.lock") -> Iterator[None]:
+    """Holds an exclusive lock on ``folder`` (created if missing) for the block, or raises
+    ``FolderInUse`` at once. The lock is ``flock`` on ``folder/name``: the kernel drops it when
+    the holder exits, even by SIGKILL, so a killed run never blocks its own resumption. The
+    same process may take it again (nested), which a second open file would not allow."""
+    folder = Path(folder).resolve()
+    if fcntl is None:
+        yield
+        return
+    if folder in _held:
+        fd, depth = _held[folder]
+        _held[folder] = (fd, depth + 1)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise FolderInUse(
+                f"{folder} is in use by another run (pid {holder or '?'}); two runs cannot share "
+                "one output folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _held[folder] = (fd, 1)
+    try:
+        yield
+    finally:
+        fd, depth = _held[folder]
+        if depth > 1:
+            _held[folder] = (fd, depth - 1)
+        else:
+            del _held[folder]
+            os.close(fd)  # releases the lock; the file stays (unlinking it would race)

@@ -11,7 +11,7 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.block import BlockProcess, vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
-from cdlm.samplers.blockwise import cached_loop, sample_block
+from cdlm.samplers.blockwise import sample_block
 from cdlm.samplers.masked import sample_ancestral, sample_threshold, sample_topk
 from cdlm.samplers.masked_steps import Interval, step_threshold
 from cdlm.schedules import LogLinearMaskSchedule

@@ -35,9 +35,9 @@ import cdlm.samplers
 from cdlm.denoiser import Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
+from cdlm.processes.block import BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
-from cdlm.processes.block import BlockProcess
 from cdlm.processes.parameterization import VectorInput
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import netrc
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -215,3 +217,35 @@ def require_model_file(path: Any) -> None:
         check_model_file(path)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """Why files cannot be made in ``folder`` (or in the folders that would be created for it),
+    or None. Tries a file: permission bits do not bind root, a read-only mount binds everyone."""
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        fd, tmp = tempfile.mkstemp(dir=existing, prefix=".cdlm-probe-")
+    except OSError as e:
+        return f"cannot write in {existing} ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
+def require_output_file(name: str, value: Any) -> None:
+    """A ``UsageError`` unless ``value`` (an ``out=`` file) can be written: its folder exists (a
+    mistyped folder is refused, not silently created) and takes files. In a multirun a relative
+    path lands in each job's own folder, which Hydra creates, so it is not checked."""
+    if value is None:
+        return
+    path = Path(str(value))
+    if not path.is_absolute() and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        return
+    require(not path.is_dir(), f"{name}={value} is a folder; give a file name")
+    require(path.parent.is_dir(), f"{name}={value}: the folder {path.parent} does not exist")
+    problem = unwritable(path.parent)
+    require(problem is None, f"{name}={value}: {problem}")

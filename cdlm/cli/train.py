@@ -4,6 +4,9 @@ vocabulary facts of the data into the process and the process's widths into the 
 
 from __future__ import annotations
 
+import sys
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,8 +15,21 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.checkpoint import load_checkpoint, load_network_weights
-from cdlm.cli.common import default_wandb_mode, require, run
+from cdlm.cli.common import (
+    UsageError,
+    default_wandb_mode,
+    require,
+    require_bool,
+    require_model_file,
+    require_number,
+    run,
+)
+from cdlm.cli.run_folder import claim, discard_if_unused
 from cdlm.distillation.module import student_of
+from cdlm.io import folder_lock
+from cdlm.training.checkpointing import find_resume, is_whole_checkpoint
+from cdlm.training.guard import Diverged
+from cdlm.training.module import parse_duration
 
 
 def _given(overrides: list[str] | None, key: str) -> bool:
@@ -22,21 +38,43 @@ def _given(overrides: list[str] | None, key: str) -> bool:
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
-    require(cfg.data.seq_len >= 2, f"data.seq_len must be >= 2, got {cfg.data.seq_len}")
-    require(cfg.data.batch_size >= 1, f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
-    p = cfg.condition.dropout
-    require(0.0 <= p <= 1.0, f"condition.dropout must be in [0, 1], got {p}")
-    steps = cfg.trainer.max_steps
+    """Every option's type and range, and the files it names, before any work."""
+    require_number("seed", cfg.seed, integer=True)
+    require_number("data.seq_len", cfg.data.seq_len, integer=True, at_least=2)
+    require_number("data.batch_size", cfg.data.batch_size, integer=True, at_least=1)
+    require_number("data.vocab_size", cfg.data.vocab_size, integer=True, at_least=1)
+    require_number("data.val_fraction", cfg.data.val_fraction, above=0, below=1)
+    require_bool("data.packing", cfg.data.packing)
+    require_number("condition.dropout", cfg.condition.dropout, at_least=0, at_most=1)
+    require_bool("condition.labels", cfg.condition.labels)
+    steps, limit = cfg.trainer.max_steps, "(or -1 for no limit)"
+    require_number("trainer.max_steps", steps, integer=True, nullable=True, note=limit)
     require(
         steps is None or steps == -1 or steps >= 1,
-        f"trainer.max_steps must be >= 1 (or -1 for no limit), got {steps}",
+        f"trainer.max_steps must be >= 1 {limit}, got {steps}",
     )
+    max_time = cfg.trainer.get("max_time")
+    if isinstance(max_time, str):  # Lightning also takes {minutes: 10}; it checks those itself
+        try:
+            seconds = parse_duration(max_time)
+        except ValueError:
+            raise UsageError(f"trainer.max_time must be 'DD:HH:MM:SS', got {max_time!r}") from None
+        require(seconds > 0, f"trainer.max_time must be > 0, got {max_time!r}")
+    every = cfg.trainer.get("val_check_interval")
+    if isinstance(every, int | float):  # or a time string, which Lightning checks
+        require_number("trainer.val_check_interval", every, above=0)
+    if "lr" in cfg.optimizer:
+        require_number("optimizer.lr", cfg.optimizer.lr, above=0)
     ar, anneal = cfg.phases.ar, cfg.phases.anneal
+    require_number("phases.ar", ar, at_least=0, below=1)
+    require_number("phases.anneal", anneal, at_least=0, at_most=1)
     require(
-        0.0 <= ar < 1.0 and 0.0 <= anneal and ar + anneal <= 1.0,
+        ar + anneal <= 1.0,
         f"phases.ar and phases.anneal are shares of the budget (ar < 1, ar + anneal <= 1), got "
         f"ar={ar}, anneal={anneal}",
     )
+    validate_callbacks(cfg)
+    validate_files(cfg)
     # Each process reads the schedule group that fits it; a choice it ignores is a mistake.
     uses = OmegaConf.to_container(cfg.process).get("schedule")
     for group in ("schedule", "mask_schedule"):
@@ -46,6 +84,42 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
             f"{group}= does not apply to process={cfg.process._target_.rsplit('.', 1)[-1]}; "
             f"it reads {uses.strip('${}') if isinstance(uses, str) else 'no schedule'}=",
         )
+
+
+def validate_callbacks(cfg: DictConfig) -> None:
+    """The reliability options (conf/callbacks/default.yaml), where those callbacks are on."""
+    checkpoint, guard = cfg.callbacks.get("checkpoint"), cfg.callbacks.get("guard")
+    if checkpoint is not None:
+        for key, options in (
+            ("every_n_train_steps", {"integer": True, "at_least": 1}),
+            ("every_minutes", {"above": 0}),
+        ):
+            if key in checkpoint:
+                require_number(
+                    f"callbacks.checkpoint.{key}", checkpoint[key], nullable=True, **options
+                )
+    if guard is not None:
+        name = "callbacks.guard.max_consecutive"
+        require_number(name, guard.max_consecutive, integer=True, at_least=1)
+
+
+def validate_files(cfg: DictConfig) -> None:
+    """resume= is auto or a whole Lightning checkpoint; init_from= and teacher= are model files."""
+    for key in ("init_from", "teacher"):
+        if cfg.get(key):
+            require_model_file(cfg[key])
+    resume = cfg.resume
+    if resume is None or resume == "auto":
+        return
+    path = Path(str(resume))
+    require(path.is_file(), f"resume={resume}: no such file (or resume=auto: this run folder's)")
+    if not is_whole_checkpoint(path):
+        kind = (
+            "a cdlm model file: start from its weights with init_from="
+            if path.suffix == ".safetensors"
+            else "not a whole Lightning checkpoint (empty, truncated or another format)"
+        )
+        raise UsageError(f"resume={resume} is {kind}")
 
 
 def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:
@@ -77,7 +151,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
     (distillation modules)."""
     if cfg.get("teacher"):
         teacher = load_checkpoint(cfg.teacher)
-        data = instantiate(cfg.data, seq_len=teacher.config["seq_len"])
+        data = instantiate(cfg.data, seq_len=teacher.config["seq_len"], seed=cfg.seed)
         data.use_tokenizer(teacher.tokenizer)
         data.setup("fit")
         network = student_of(teacher.network)
@@ -90,7 +164,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
                 "model_config": teacher.config,
             },
         )
-    data = instantiate(cfg.data)
+    data = instantiate(cfg.data, seed=cfg.seed)
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
@@ -113,6 +187,19 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 
 def train(cfg: DictConfig) -> None:
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    with folder_lock(folder):  # held since main() when the folder was known up front
+        with discard_if_unused(folder):
+            trainer, module, data = setup(cfg, folder)
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=resume_path(cfg, folder))
+        except Diverged as e:  # not bad input: exit status 1
+            print(f"cdlm-train: error: {e}", file=sys.stderr)
+            sys.exit(1)
+
+
+def setup(cfg: DictConfig, folder: Path) -> tuple[L.Trainer, L.LightningModule, Any]:
+    """Everything ``fit`` needs, built from the config; writes nothing."""
     default_wandb_mode()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     factory = instantiate(cfg.module, _partial_=True)
@@ -139,14 +226,34 @@ def train(cfg: DictConfig) -> None:
     n_params = sum(p.numel() for p in module.parameters())
     print(
         f"cdlm-train: {n_params / 1e6:.2f}M parameters, vocab {data.vocab_size}, "
-        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output "
-        f"{HydraConfig.get().runtime.output_dir}"
+        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output {folder}"
     )
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.resume)
+    return trainer, module, data
+
+
+def resume_path(cfg: DictConfig, folder: Path) -> str | None:
+    """``resume`` as given, or for ``resume=auto`` the newest whole checkpoint of this run."""
+    if cfg.resume != "auto":
+        return cfg.resume
+    where = Path(OmegaConf.select(cfg, "callbacks.checkpoint.dirpath") or folder / "checkpoints")
+    found = find_resume(where)
+    print(
+        f"cdlm-train: resume=auto: resuming from {found}"
+        if found
+        else f"cdlm-train: resume=auto: no checkpoint in {where}, starting fresh (resume=auto "
+        "continues the run of the same hydra.run.dir)"
+    )
+    return str(found) if found else None
 
 
 def main() -> None:
-    run("cdlm-train", "train", train, validate)
+    with ExitStack() as locks:
+
+        def checked(cfg: DictConfig, overrides: list[str]) -> None:
+            validate(cfg, overrides)
+            claim(overrides, locks)
+
+        run("cdlm-train", "train", train, checked)
 
 
 if __name__ == "__main__":

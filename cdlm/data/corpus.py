@@ -29,8 +29,13 @@ def clean_text(raw: str) -> str:
 
 def _read(path: Path) -> str:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); convert it first") from None
+    except (OSError, EOFError) as e:  # e.g. a truncated or fake .gz
+        raise ValueError(f"{path} cannot be read: {e}") from None
 
 
 def _label(path: Path) -> str:

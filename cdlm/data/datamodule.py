@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from cdlm.data.corpus import Document, load_documents
+from cdlm.data.order import ResumableLoader, ResumableSampler
 from cdlm.data.tokenizer import corpus_bpe, pretrained
 
 
@@ -43,6 +44,9 @@ class TextDataModule(L.LightningDataModule):
             paragraph); False gives one paragraph per sequence, cut or padded with PAD after EOS.
         val_fraction: the last fraction of each document's sequences is held out (contiguous, so
             no validation text leaks into training through overlapping context).
+        seed: the training order's seed (``cdlm-train`` passes its ``seed``); each epoch is a
+            fixed shuffle of it, and a checkpoint records how far into the epoch training got, so
+            a resumed run sees the batches the uninterrupted run would have (``data/order.py``).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         text_column: str = "text",
         label_column: str | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if seq_len < 2:
@@ -71,6 +76,8 @@ class TextDataModule(L.LightningDataModule):
         self.val_fraction, self.num_workers = val_fraction, num_workers
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self.text_column, self.label_column = text_column, label_column
+        self.seed = seed
+        self.order: ResumableSampler | None = None
         self.tokenizer = None
         self.labels: list[str] = []
         self.train_set: SequenceDataset | None = None
@@ -135,13 +142,28 @@ class TextDataModule(L.LightningDataModule):
         return (counts / counts.sum()).log().float()
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=True,
-            num_workers=self.num_workers,
-        )
+        options = {
+            "batch_size": self.batch_size,
+            "drop_last": True,
+            "num_workers": self.num_workers,
+        }
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning gives each process a DistributedSampler, which does not resume mid-epoch
+            return DataLoader(self.train_set, shuffle=True, **options)
+        if self.order is None:  # one order for the whole fit, whatever reloads the loader
+            self.order = ResumableSampler(len(self.train_set), self.seed)
+        return ResumableLoader(self.train_set, sampler=self.order, **options)
+
+    def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        # Lightning calls this for the batch about to be trained on (the one fetched ahead is not
+        # counted yet), so the saved position is the first sequence not yet seen.
+        if self.order is not None and self.trainer is not None and self.trainer.training:
+            self.order.taken += len(batch["tokens"])
+        return batch
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":  # a later fit starts its own order (a resumed one loads its state)
+            self.order = None
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)

@@ -14,34 +14,40 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generate import default_sampler, generate
+from cdlm.training.checkpointing import weights_finite
 
 
 class ExportModel(L.Callback):
     """Writes the self-contained ``.safetensors`` model (atomically, once, from rank 0) at each
     validation and at the end of training: the module's process and network, the datamodule's
-    tokenizer, and ``pl_module.model_config`` (the configs that rebuild the model)."""
+    tokenizer, and ``pl_module.model_config`` (the configs that rebuild the model). Weights that
+    are not all finite are never written: the last good file stays."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
     @rank_zero_only
-    def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+        if not weights_finite(pl_module):
+            rank_zero_warn(f"non-finite weights: {self.path} not written, the previous one stays")
+            return False
         tokenizer = trainer.datamodule.tokenizer
         model = Model(pl_module.process, pl_module.network, tokenizer, pl_module.model_config)
         save_checkpoint(self.path, model)
+        return True
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
             self._export(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._export(trainer, pl_module)
-        rank_zero_info(f"model written to {self.path}")
+        if self._export(trainer, pl_module):
+            rank_zero_info(f"model written to {self.path}")
 
 
 class LogSamples(L.Callback):

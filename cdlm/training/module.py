@@ -60,31 +60,57 @@ def parse_duration(budget: str | float) -> float:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+class WallclockLR(torch.optim.lr_scheduler.LambdaLR):
+    """A ``LambdaLR`` whose factor is a function of the wall clock spent, which it keeps in its
+    ``state_dict``: a resumed run continues the schedule where the checkpoint left it instead
+    of restarting its clock (Lightning saves and restores scheduler states)."""
+
+    def __init__(self, optimizer, factor: Callable[[float], float], clock: Callable[[], float]):
+        self.clock, self.start, self.offset = clock, clock(), 0.0
+        super().__init__(optimizer, lambda step: factor(self.elapsed()))
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, over every run this schedule was resumed through."""
+        return self.offset + self.clock() - self.start
+
+    def state_dict(self) -> dict:
+        # this process's clock readings mean nothing to the next one: only the time spent is kept
+        skip = ("clock", "start", "offset")
+        state = {k: v for k, v in super().state_dict().items() if k not in skip}
+        return state | {"elapsed": self.elapsed()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict)
+        elapsed = state.pop("elapsed", 0.0)
+        super().load_state_dict(state)
+        self.offset, self.start = elapsed, self.clock()
+
+
 def wallclock_cosine(
     optimizer: torch.optim.Optimizer,
     budget: str | float,
     warmup: float = 0.1,
     min_ratio: float = 0.1,
     clock: Callable[[], float] = time.monotonic,
-) -> torch.optim.lr_scheduler.LambdaLR:
+) -> WallclockLR:
     """Warmup then cosine decay over a wall-clock ``budget`` (usually ``trainer.max_time``)
     instead of a step count: under a fixed time budget every process, whatever its speed, gets a
     complete schedule that ends when training is stopped. ``warmup`` is a share of the budget.
-    The clock starts when the optimizer is configured (the start of fit)."""
+    The clock starts when the optimizer is configured (the start of fit) and, on resume,
+    continues from the time the checkpoint recorded."""
     if not 0.0 <= warmup < 1.0:
         raise ValueError(f"warmup is a share of the budget in [0, 1), got {warmup}")
     seconds = parse_duration(budget)
     if seconds <= 0:
         raise ValueError(f"budget must be > 0 seconds, got {budget!r}")
-    start = clock()
 
-    def factor(step: int) -> float:
-        progress = (clock() - start) / seconds
+    def factor(elapsed: float) -> float:
+        progress = elapsed / seconds
         if progress < warmup:
             return max(progress, 1e-3) / warmup  # warmup > 0 here
         return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return WallclockLR(optimizer, factor, clock)
 
 
 class DiffusionLM(L.LightningModule):

@@ -1,0 +1,360 @@
+"""Resume loses nothing (docs/reliability.md).
+
+A run SIGKILLed at a random point after its first checkpoint and resumed with ``resume=auto``
+trains on the same batches with the same noise as the uninterrupted run: equal per-step losses
+and equal final weights (CPU, fp32). The killed run is a real subprocess; the uninterrupted and
+resumed runs are the real CLI in-process (a fresh interpreter costs seconds). The runs cross
+epochs (``limit_train_batches``), the AR phase and attention annealing.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import TINY_TRAIN
+from hydra.core.global_hydra import GlobalHydra
+from lightning.pytorch.callbacks import Timer
+from safetensors.torch import load_file
+
+from cdlm.cli import train as train_cli
+from cdlm.data.order import ResumableLoader, ResumableSampler
+from cdlm.training.checkpointing import Checkpoint, find_resume, is_whole_checkpoint
+from cdlm.training.module import wallclock_cosine
+from cdlm.training.phases import budget_progress
+
+TESTS = Path(__file__).parent
+STEPS = 12
+RUN = [
+    *TINY_TRAIN,
+    "process.embed_dim=8",
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_check_interval=5",
+    "+trainer.limit_train_batches=4",  # an epoch is 4 steps: resumes land on epoch ends too
+    "+trainer.enable_progress_bar=false",
+    "phases.ar=0.25",
+    "phases.anneal=0.25",
+    "callbacks.samples.num_samples=0",
+    "callbacks.checkpoint.every_n_train_steps=2",
+    "callbacks.checkpoint.save_top_k=-1",
+    "callbacks.model_folder.bound_sequences=0",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train several times faster on one thread, above all on a busy machine (the
+    killed subprocess gets OMP_NUM_THREADS=1 too, so every run computes alike)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def train_in_process(folder: Path, corpus: Path, *extra: str, monkeypatch) -> None:
+    args = ["cdlm-train", f"data.path={corpus}", *RUN, *extra, f"hydra.run.dir={folder}"]
+    monkeypatch.setattr(sys, "argv", args)
+    try:
+        train_cli.main()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def losses(folder: Path) -> dict[int, float]:
+    """{step: train/loss} of the newest CSV log in a run folder (a resumed run's own log)."""
+    logs = sorted((folder / "csv").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    with open(logs[-1] / "metrics.csv") as f:
+        return {
+            int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]
+        }
+
+
+def live_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The trained (not EMA) weights of a Lightning checkpoint."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return ckpt.get("current_model_state", ckpt["state_dict"])
+
+
+def assert_same_run(resumed: Path, reference: Path, from_step: int) -> None:
+    got, want = losses(resumed), losses(reference)
+    assert min(got) <= from_step + 1 and max(got) == max(want), (sorted(got), sorted(want))
+    for step, loss in got.items():
+        assert abs(loss - want[step]) <= 1e-6, (step, loss, want[step])
+    for name in ("model.safetensors",):
+        a, b = load_file(resumed / name), load_file(reference / name)
+        for key in b:
+            torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+    a = live_weights(resumed / "checkpoints" / "last.ckpt")
+    b = live_weights(reference / "checkpoints" / "last.ckpt")
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_corpus) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    with pytest.MonkeyPatch.context() as mp:
+        train_in_process(folder, tiny_corpus, monkeypatch=mp)
+    return folder
+
+
+def test_sigkill_then_resume_auto_repeats_the_uninterrupted_run(
+    reference, tiny_corpus, tmp_path, monkeypatch
+):
+    folder = tmp_path / "killed"
+    args = [
+        sys.executable,
+        "-m",
+        "cdlm.cli.train",
+        f"data.path={tiny_corpus}",
+        *RUN,
+        "+callbacks.pace._target_=reliability_helpers.Pace",
+        "+callbacks.pace.seconds=0.25",
+        f"hydra.run.dir={folder}",
+    ]
+    env = os.environ | {
+        "PYTHONPATH": str(TESTS),
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    first = folder / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 120
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    delay = random.uniform(0.0, 1.5)  # a random point after the first checkpoint
+    time.sleep(delay)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    stderr = proc.communicate()[1].decode()
+    assert alive and proc.returncode == -signal.SIGKILL, (delay, proc.returncode, stderr[-2000:])
+
+    start = find_resume(folder / "checkpoints")
+    step = int(torch.load(start, map_location="cpu", weights_only=False)["global_step"])
+    assert 2 <= step < STEPS, (delay, step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_in_process(folder, tiny_corpus, "resume=auto", monkeypatch=monkeypatch)
+    assert not [w for w in caught if "not resumable" in str(w.message)]
+    assert_same_run(folder, reference, step)
+
+
+@pytest.mark.parametrize("step", [4, 6])  # the end of epoch 0, and mid-epoch 1
+def test_resume_from_a_checkpoint_repeats_the_rest(
+    step, reference, tiny_corpus, tmp_path, monkeypatch
+):
+    """Deterministic: resuming from each kept checkpoint of the reference run reproduces it."""
+    path = reference / "checkpoints" / f"step-{step}.ckpt"
+    folder = tmp_path / "resumed"
+    train_in_process(folder, tiny_corpus, f"resume={path}", monkeypatch=monkeypatch)
+    assert_same_run(folder, reference, step)
+
+
+def _slow_save(folder: Path) -> None:
+    """In a forked child: overwrite last.ckpt through ``Checkpoint`` with a writer that takes
+    seconds, as a large checkpoint does (only Python file writes run in the child)."""
+
+    def save_checkpoint(path, weights_only=False):
+        with open(path, "wb") as f:
+            for _ in range(200):
+                f.write(b"\0" * 65536)
+                f.flush()
+                time.sleep(0.02)
+
+    trainer = SimpleNamespace(
+        save_checkpoint=save_checkpoint,
+        lightning_module=torch.nn.Module(),
+        global_step=7,
+        is_global_zero=True,
+        loggers=[],
+        strategy=SimpleNamespace(barrier=lambda *a: None),
+    )
+    Checkpoint(dirpath=str(folder))._save_checkpoint(trainer, str(folder / "last.ckpt"))
+    os._exit(0)
+
+
+def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
+    import multiprocessing
+
+    previous = tmp_path / "last.ckpt"
+    torch.save({"global_step": 6, "state_dict": {"w": torch.ones(3)}}, previous)
+    before = previous.read_bytes()
+    child = multiprocessing.get_context("fork").Process(target=_slow_save, args=(tmp_path,))
+    child.start()
+    partial = tmp_path / ".last.ckpt.tmp"
+    deadline = time.monotonic() + 30
+    while not (partial.exists() and partial.stat().st_size > 65536) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert child.exitcode == -signal.SIGKILL and partial.exists()  # killed mid-write
+    assert previous.read_bytes() == before
+    assert torch.load(previous, weights_only=True)["global_step"] == 6
+    assert not is_whole_checkpoint(partial) and find_resume(tmp_path) == previous
+
+
+def test_find_resume_takes_the_newest_whole_checkpoint(tmp_path):
+    assert find_resume(tmp_path / "none") is None and find_resume(tmp_path) is None
+    old, new, torn = tmp_path / "a.ckpt", tmp_path / "b.ckpt", tmp_path / "c.ckpt"
+    torch.save({"step": 1}, old)
+    torch.save({"step": 2}, new)
+    torn.write_bytes(new.read_bytes()[:-40])  # cut short: no central directory
+    for i, path in enumerate((old, new, torn)):
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    assert find_resume(tmp_path) == new
+
+
+def test_non_finite_weights_are_never_checkpointed(tmp_path):
+    """Nothing is written, and the previous checkpoints (top-k and last) stay."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Break(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            if trainer.global_step == 3:
+                next(pl_module.parameters()).data[0] = torch.nan
+
+    checkpoint = Checkpoint(
+        dirpath=str(tmp_path),
+        filename="step-{step}",
+        auto_insert_metric_name=False,
+        save_last=True,
+        every_n_train_steps=2,
+    )
+    trainer = L.Trainer(
+        max_steps=4,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Break(), checkpoint],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel())
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["last.ckpt", "step-2.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_the_data_order_resumes_mid_epoch_and_at_its_end():
+    data = list(range(10))
+
+    def loader(state=None):
+        out = ResumableLoader(data, batch_size=3, drop_last=True, sampler=ResumableSampler(10, 7))
+        if state is not None:
+            out.load_state_dict(state)
+        return out
+
+    whole = loader()
+    epoch0 = [b.tolist() for b in whole]
+    whole.sampler.set_epoch(1)
+    epoch1 = [b.tolist() for b in whole]
+    assert epoch0 != epoch1 and sorted(sum(epoch0, [])) == sorted(sum(epoch0, []))
+
+    first = loader()
+    first.sampler.taken = 3  # one batch trained (the datamodule counts them)
+    assert [b.tolist() for b in loader(first.state_dict())] == epoch0[1:]
+    first.sampler.taken = 9  # every full batch of the epoch: the next epoch is next
+    resumed = loader(first.state_dict())
+    assert resumed.sampler.epoch == 1 and [b.tolist() for b in resumed] == epoch1
+    with pytest.raises(ValueError, match="same data and seed"):
+        ResumableSampler(11, 7).load_state_dict(first.state_dict())
+
+
+def test_wallclock_schedule_resumes_its_clock():
+    now = [0.0]
+
+    def schedule():
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return opt, wallclock_cosine(opt, 100.0, warmup=0.1, clock=lambda: now[0])
+
+    opt, sched = schedule()
+    now[0] = 40.0
+    opt.step()
+    sched.step()
+    state, lr = sched.state_dict(), opt.param_groups[0]["lr"]
+    assert "clock" not in state and state["elapsed"] == 40.0
+
+    now[0] = 5000.0  # a new process: its clock reads anything
+    opt, sched = schedule()
+    sched.load_state_dict(state)
+    now[0] = 5030.0  # 30 s later: 70 s of the budget spent
+    opt.step()
+    sched.step()
+    assert sched.elapsed() == 70.0 and opt.param_groups[0]["lr"] < lr
+    now[0] = 0.0  # the uninterrupted schedule, 70 s in
+    fresh_opt, fresh = schedule()
+    now[0] = 70.0
+    fresh_opt.step()
+    fresh.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(fresh_opt.param_groups[0]["lr"])
+
+
+def test_time_budget_phases_resume_from_the_timer_state():
+    """Phases read Lightning's Timer, whose state a checkpoint restores."""
+    timer = Timer(duration={"seconds": 100})
+    timer.load_state_dict({"time_elapsed": {"train": 40.0}})
+    trainer = SimpleNamespace(max_steps=-1, global_step=0, callbacks=[timer])
+    assert budget_progress(trainer) == pytest.approx(0.4)
+    timer.on_train_start(trainer, None)
+    assert 0.4 <= budget_progress(trainer) < 0.41
+
+
+def test_step_budget_phases_resume_from_the_global_step():
+    trainer = SimpleNamespace(max_steps=12, global_step=9, callbacks=[])
+    assert budget_progress(trainer) == 0.75
+
+
+# without a step trigger Lightning also saves when the (last) epoch ends: step 8
+@pytest.mark.parametrize("every_n_train_steps, saved", [(None, [3, 6, 8]), (4, [3, 4, 7, 8])])
+def test_time_based_checkpoints_as_well_as_step_based(
+    every_n_train_steps, saved, tmp_path, monkeypatch
+):
+    """A fake clock advancing 25 s per step and every_minutes=1: a save once 60 s have passed
+    since the last one, whichever trigger made it."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    import cdlm.training.checkpointing as checkpointing
+
+    clock = [0.0]
+    monkeypatch.setattr(checkpointing, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class Tick(L.Callback):
+        def on_train_batch_end(self, *args) -> None:
+            clock[0] += 25.0
+
+    checkpoint = Checkpoint(
+        dirpath=str(tmp_path),
+        filename="step-{step}",
+        auto_insert_metric_name=False,
+        save_top_k=-1,
+        every_n_train_steps=every_n_train_steps,
+        every_minutes=1,
+    )
+    trainer = L.Trainer(
+        max_steps=8,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Tick(), checkpoint],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel())
+    steps = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.ckpt"))
+    assert steps == saved
+    assert all(is_whole_checkpoint(p) for p in tmp_path.glob("*.ckpt"))
+    assert not list(tmp_path.glob(".*.tmp"))
