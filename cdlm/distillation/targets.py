@@ -96,6 +96,8 @@ def divergence(student_logp: Tensor, teacher_logp: Tensor, kind: str) -> Tensor:
     log-probabilities. -inf entries (SUBS' [MASK]) contribute nothing."""
     s, q = student_logp.double(), teacher_logp.double()
     finite = torch.isfinite(s) & torch.isfinite(q)
+    # zero the -inf entries first: a where() after the arithmetic would still send NaN gradients
+    s, q = torch.where(finite, s, 0.0), torch.where(finite, q, 0.0)
     if kind == "reverse_kl":
         terms = s.exp() * (s - q)
     elif kind == "forward_kl":
