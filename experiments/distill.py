@@ -299,7 +299,7 @@ def main() -> None:
     report = {
         "num_samples": args.num_samples,
         "repeats": args.repeats,
-        "seq_len": 128,
+        "seq_len": load_checkpoint(next(iter(teachers.values()))).config["seq_len"],
         "threads": torch.get_num_threads(),
         "distillation": distilled,
         "rows": rows,
