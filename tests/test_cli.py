@@ -95,7 +95,6 @@ def test_train_bad_input(args, fragments, tiny_corpus, tmp_path):
         "cdlm-train",
         f"data.path={tiny_corpus}",
         *TINY_TRAIN,
-        *([] if "process=nope" in args else ["process.ar_steps=0", "process.anneal_steps=0"]),
         *args,
         f"hydra.run.dir={tmp_path}",
         cwd=tmp_path,

@@ -11,6 +11,10 @@ from cdlm import config_dir
 from cdlm.cli.train import token_ids
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
+from cdlm.processes.objectives import X0MSE, CrossEntropy
+from cdlm.processes.parameterization import PosteriorInput, VectorInput
+from cdlm.training.module import DiffusionLM
+from cdlm.training.phases import Phases
 
 CONF = config_dir()
 
@@ -63,6 +67,56 @@ def test_time_samplers_instantiate_inside_each_process(process, sampler):
     assert type(obj.time_sampler).__name__.lower() == sampler
 
 
+@pytest.mark.parametrize("objective", options("objective"))
+@pytest.mark.parametrize("piece", options("input"))
+def test_inputs_and_objectives_instantiate_inside_the_gaussian_process(piece, objective):
+    overrides = [
+        "process=gaussian",
+        f"input@process.input={piece}",
+        f"objective@process.objective={objective}",
+    ]
+    cfg = compose_train(*overrides)
+    kinds = {"vector": VectorInput, "posterior": PosteriorInput, "ce": CrossEntropy, "mse": X0MSE}
+    if piece == "vector" and objective == "mse":
+        # neither piece tells the network each token's own level: per-token noise is refused
+        with pytest.raises(Exception, match="token_noise"):
+            instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+        cfg = compose_train(*overrides, "process.token_noise=0")
+    obj = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+    assert type(obj.input) is kinds[piece] and type(obj.objective) is kinds[objective]
+    assert obj.next_token_layout == (piece == "posterior")  # the posterior config shifts
+    net = instantiate(cfg.network, **obj.network_kwargs, max_seq_len=9)
+    assert net.out_proj.out_features == (50 if objective == "ce" else obj.embed_dim)
+
+
+@pytest.mark.parametrize(
+    "process, default",
+    [("gaussian", "ar_anneal"), ("masked", "ar_anneal"), ("autoregressive", "none")],
+)
+def test_each_process_chooses_its_phases_and_each_option_reaches_the_callback(process, default):
+    for phases in [None, *options("phases")]:
+        cfg = compose_train(f"process={process}", *([f"phases={phases}"] if phases else []))
+        expected = OmegaConf.load(CONF / "phases" / f"{phases or default}.yaml")
+        callback = instantiate(cfg.callbacks.phases)
+        assert isinstance(callback, Phases)
+        assert (callback.ar, callback.anneal) == (expected.ar, expected.anneal)
+    assert OmegaConf.load(CONF / "phases" / "none.yaml") == {"ar": 0.0, "anneal": 0.0}
+
+
+@pytest.mark.parametrize("module", options("module"))
+def test_modules_instantiate_with_the_condition_dropout(module):
+    cfg = compose_train(f"module={module}", "condition.dropout=0.25")
+    factory = instantiate(cfg.module, _partial_=True)
+    assert factory.keywords["label_dropout"] == 0.25
+    if module != "diffusion":
+        return  # distillation modules need a teacher: tests/test_distillation.py builds them
+    assert factory.func is DiffusionLM
+    process = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+    net = instantiate(cfg.network, **process.network_kwargs, max_seq_len=9)
+    lm = factory(process=process, network=net, optimizer=instantiate(cfg.optimizer))
+    assert lm.label_dropout == 0.25 and lm.eval_times == tuple(cfg.module.eval_times)
+
+
 def test_network_optimizer_scheduler_instantiate():
     cfg = compose_train()
     net = instantiate(cfg.network, in_dim=8, out_dim=10, max_seq_len=16)
@@ -70,6 +124,15 @@ def test_network_optimizer_scheduler_instantiate():
     opt = instantiate(cfg.optimizer)(net.parameters())
     sched = instantiate(cfg.lr_scheduler)(opt)
     assert sched.get_last_lr()[0] > 0
+    # the default warmup is a share of the step budget: 5% of trainer.max_steps
+    lrs = []
+    for _ in range(cfg.trainer.max_steps // 10):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    peak = cfg.optimizer.lr
+    warmup = round(0.05 * cfg.trainer.max_steps)
+    assert lrs[warmup - 1] == pytest.approx(peak) and lrs[warmup - 2] < peak
 
 
 @pytest.mark.parametrize("logger", options("logger"))
@@ -80,7 +143,15 @@ def test_loggers_and_callbacks_instantiate(logger, tmp_path):
 
     HydraConfig.instance().set_config(cfg)
     assert instantiate(cfg.logger) is not None
-    assert all(instantiate(c) is not None for c in cfg.callbacks.values())
+    callbacks = {name: instantiate(c) for name, c in cfg.callbacks.items()}
+    assert all(c is not None for c in callbacks.values())
+    # the model export and sample logging are callbacks from config too, after the EMA
+    names = list(callbacks)
+    assert names.index("ema") < min(names.index("export"), names.index("samples"))
+    assert str(callbacks["export"].path) == str(tmp_path / "model.safetensors")
+    samples = callbacks["samples"]
+    assert samples.sampler is None  # the process's default sampler
+    assert (samples.every, samples.num_samples, samples.steps) == (500, 4, 32)
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert trainer_cfg["default_root_dir"] == str(tmp_path)
 
@@ -89,6 +160,7 @@ def test_loggers_and_callbacks_instantiate(logger, tmp_path):
 def test_experiments_compose(experiment):
     cfg = compose_train(f"experiment={experiment}")
     assert cfg.name == experiment
+    assert "log_samples" not in cfg and "eval_times" not in cfg  # moved to callbacks, module
 
 
 @pytest.mark.parametrize("sampler", options("sampler"))
@@ -115,6 +187,10 @@ def test_every_yaml_file_is_covered():
         "data",
         "trainer",
         "time_sampler",
+        "input",
+        "objective",
+        "phases",
+        "module",
     }
     groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
     assert groups <= covered, groups - covered

@@ -7,6 +7,7 @@ import torch
 from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.evaluation.context import context_ceiling, context_use
 from cdlm.likelihood.evaluate import corpus_split
+from cdlm.processes import AutoregressiveProcess, MaskedProcess
 from cdlm.processes.gaussian import GaussianProcess
 
 V, L = 12, 16
@@ -43,9 +44,40 @@ def test_clean_context_gives_the_answer_and_noisy_context_does_not():
     assert clean["context_gain"] == pytest.approx(1.0 / clean["base_acc"])
 
 
-def test_context_ceiling_refuses_other_processes_and_bad_strides(tiny_masked_checkpoint):
-    with pytest.raises(ValueError, match="gaussian"):
-        context_ceiling(load_checkpoint(str(tiny_masked_checkpoint)), None, None)
+class LeftToken(torch.nn.Module):
+    """The masked counterpart: predicts each token as its left neighbour's id, if visible."""
+
+    def __init__(self):
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, z, t, self_cond=None, label=None):
+        return 50.0 * torch.nn.functional.one_hot(torch.roll(z, 1, dims=1), V).float()
+
+
+def test_masked_clean_context_gives_the_answer_and_masked_context_does_not():
+    """Any process with noise levels: masked targets at 0.9 beside clean context (t = 0: nothing
+    masked) are all recovered from their left neighbour; context masked at 0.95 mostly is not.
+    Only masked targets are scored, and the same ones at every context level."""
+    torch.manual_seed(0)
+    process = MaskedProcess(V, mask_id=V - 1).eval()
+    model = Model(process, LeftToken(), None, {})
+    tokens = torch.arange(V - 1).repeat_interleave(3)[:, None].expand(-1, L)
+    prior = torch.full((V,), -torch.log(torch.tensor(float(V - 1))))
+    prior[V - 1] = -torch.inf  # [MASK] is never a token
+    clean, noisy = context_ceiling(model, tokens, prior, 0.9, (0.0, 0.95), stride=4)
+    assert clean["positions"] == noisy["positions"]
+    assert 0.8 * tokens.numel() < clean["positions"] < tokens.numel()  # ~90% of targets masked
+    assert clean["acc"] == 1.0 and noisy["acc"] < 0.3
+    # a masked target has no evidence of its own: the readout is the (uniform) prior
+    assert clean["base_ce"] == pytest.approx(torch.log(torch.tensor(V - 1.0)).item(), rel=1e-5)
+    assert clean["base_acc"] == noisy["base_acc"] and clean["base_ce"] == noisy["base_ce"]
+
+
+def test_context_ceiling_refuses_other_processes_and_bad_strides():
+    ar = AutoregressiveProcess(V, bos_id=1)
+    with pytest.raises(ValueError, match="needs noise levels; a 'autoregressive' model"):
+        context_ceiling(Model(ar, LeftToken(), None, {}), None, None)
     model, tokens, prior = constant_rows()
     with pytest.raises(ValueError, match="stride"):
         context_ceiling(model, tokens, prior, stride=0)

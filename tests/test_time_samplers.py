@@ -4,14 +4,18 @@ masked prediction and AR initialisation with attention annealing."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from cdlm.evaluation.levels import level_metrics
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.processes.masked import MaskedDenoiser
+from cdlm.processes.objectives import CrossEntropy
 from cdlm.time_samplers import Curriculum, Stratified, Warped
+from cdlm.training.phases import Phases
 
 CPU = torch.device("cpu")
 
@@ -24,12 +28,30 @@ def test_stratified_draws_one_time_per_stratum():
 
 def test_curriculum_widens_the_range_to_one_over_the_ramp():
     torch.manual_seed(0)
-    c = Curriculum(start=0.15, ramp_steps=10)
+    c = Curriculum(start=0.15, ramp=0.5)
     assert c(256, CPU).max() <= 0.15
     for _ in range(9):
         c(4, CPU)
+    assert c.high() == 0.15  # drawing advances nothing: only the budget share moves the ramp
+    c.set_progress(0.25)  # halfway through the ramp
+    assert c.high() == pytest.approx(0.575) and c(256, CPU).max() <= 0.575
+    c.set_progress(0.5)
     assert c.high() == 1.0 and c(256, CPU).max() > 0.9
-    assert int(c.state_dict()["step"]) == 11  # resumes with the model
+    c.set_progress(0.9)
+    assert c.high() == 1.0  # past the ramp: the full range
+    # Progress is training state, not model state: the Phases callback sets it from the
+    # trainer's place in the budget before every batch, so a resumed run continues the ramp.
+    assert "progress" not in c.state_dict()
+    resumed = MaskedProcess(10, mask_id=9, time_sampler=Curriculum(start=0.15, ramp=0.5))
+    trainer = SimpleNamespace(max_steps=100, global_step=25, callbacks=[])
+    module = SimpleNamespace(process=resumed, network=None)
+    Phases().on_train_batch_start(trainer, module, None, 0)  # no AR phase, no annealing
+    assert resumed.time_sampler.high() == pytest.approx(0.575)
+    draw = [c(16, CPU, torch.Generator().manual_seed(3)) for _ in range(2)]
+    torch.testing.assert_close(draw[0], draw[1])  # the generator alone fixes the draw
+    assert Curriculum(ramp=0.0).high() == 1.0
+    with pytest.raises(ValueError, match="share of the budget"):
+        Curriculum(ramp=200)
 
 
 def test_warped_concentrates_where_the_loss_rises():
@@ -53,17 +75,17 @@ def test_warped_concentrates_where_the_loss_rises():
 def test_validation_bound_ignores_the_training_time_sampler():
     """In eval mode the masked loss is the stratified-uniform ELBO whatever the curriculum."""
     torch.manual_seed(0)
-    proc = MaskedProcess(10, mask_id=9, time_sampler=Curriculum(start=0.05, ramp_steps=10**6))
+    proc = MaskedProcess(10, mask_id=9, time_sampler=Curriculum(start=0.05, ramp=1.0))
     seen = []
 
     def denoiser(z, t):
         seen.append(t.clone())
         return MaskedDenoiser(lambda x, tt, label=None: torch.zeros(*x.shape, 10), 9)(z, t)
 
-    tokens = torch.randint(0, 9, (64, 12))
-    proc.train().loss(denoiser, tokens)
+    batch = {"tokens": torch.randint(0, 9, (64, 12))}
+    proc.train().loss(denoiser, batch)
     assert seen[-1].max() <= 0.05 + 1e-3
-    proc.eval().loss(denoiser, tokens)
+    proc.eval().loss(denoiser, batch)
     assert seen[-1].max() > 0.9
 
 
@@ -75,7 +97,8 @@ def test_masked_no_context_baseline_is_the_unigram_prior():
     def uniform(z, t):
         return MaskedDenoiser(lambda x, tt, label=None: torch.zeros(*x.shape, 5), 4)(z, t)
 
-    m = proc.evaluate_at(uniform, tokens, 0.999, torch.Generator().manual_seed(0), log_prior)
+    ev = proc.evaluate_at(uniform, tokens, 0.999, torch.Generator().manual_seed(0))
+    m = level_metrics(ev, log_prior)
     masked = tokens[0]  # at t ~ 1 every position is masked
     expected = -(torch.tensor([0.1, 0.2, 0.3, 0.3]).log()[masked]).mean()
     assert m.baseline_ce.item() == pytest.approx(expected.item(), rel=1e-5)
@@ -84,21 +107,22 @@ def test_masked_no_context_baseline_is_the_unigram_prior():
 
 def test_readout_skip_makes_a_zero_network_the_no_context_readout():
     torch.manual_seed(0)
-    proc = GaussianProcess(50, embed_dim=8, readout_skip=True, self_cond_prob=0.0).eval()
+    proc = GaussianProcess(50, embed_dim=8, objective=CrossEntropy(readout_skip=True)).eval()
     net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
     torch.nn.init.zeros_(net.out_proj.weight)
     torch.nn.init.zeros_(net.out_proj.bias)
     tokens = torch.randint(0, 50, (4, 16))
     uniform = torch.full((50,), -math.log(50))
+
+    def metrics(t):
+        ev = proc.evaluate_at(proc.make_denoiser(net), tokens, t, torch.Generator())
+        return level_metrics(ev, uniform)
+
     for t in (0.3, 0.6, 0.9):
-        m = proc.evaluate_at(proc.make_denoiser(net), tokens, t, torch.Generator(), uniform)
+        m = metrics(t)
         assert m.ce.item() == pytest.approx(m.baseline_ce.item(), rel=1e-4)
         assert m.acc.item() == pytest.approx(m.baseline_acc.item())
-    assert (
-        m.baseline_acc
-        < 0.5
-        < proc.evaluate_at(proc.make_denoiser(net), tokens, 0.1, torch.Generator(), uniform).acc
-    )  # low noise: the own embedding gives the token away
+    assert m.baseline_acc < 0.5 < metrics(0.1).acc  # low noise: the own embedding gives it away
 
 
 def test_shifted_masked_prediction_reads_the_previous_output():
@@ -137,18 +161,29 @@ def test_ar_checkpoint_in_a_shifted_masked_model_starts_as_the_ar_model():
 
 
 def test_ar_phase_then_annealed_attention_then_masked_objective():
+    """The Phases callback drives the schedule from the budget share: with 8 steps, ar=0.25 and
+    anneal=0.5, batches 0-1 are AR, attention opens over batches 2-6 (visibility
+    (p - 0.25) / 0.5 at p = step / 8), then the masked objective with full attention."""
     torch.manual_seed(0)
-    proc = MaskedProcess(12, mask_id=11, eos_id=1, shift=True, ar_steps=2, anneal_steps=4).train()
+    proc = MaskedProcess(12, mask_id=11, eos_id=1, shift=True).train()
     net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=9)
     den = proc.make_denoiser(net)
     tokens = torch.randint(0, 11, (3, 8))
+    batch = {"tokens": tokens}
+    phases, module = Phases(ar=0.25, anneal=0.5), SimpleNamespace(process=proc, network=net)
+    trainer = SimpleNamespace(max_steps=8, global_step=0, callbacks=[])
+    phases.setup(trainer, module, "fit")
     seen = []
-    for _ in range(7):
-        out = proc.loss(den, tokens)
+    for step in range(8):
+        trainer.global_step = step
+        phases.on_train_batch_start(trainer, module, batch, step)
+        out = proc.loss(den, batch)
         seen.append((sorted(out.metrics), net.future_visibility))
     assert seen[0] == (["ar_bits_per_token"], 0.0) and seen[1][0] == ["ar_bits_per_token"]
-    assert [v for _, v in seen[2:]] == [0.0, 0.25, 0.5, 0.75, 1.0]
-    assert seen[2][0] == ["bits_per_token"]
+    assert [v for _, v in seen[2:]] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert all(m == ["bits_per_token"] for m, _ in seen[2:])
+    phases.on_train_end(trainer, module)  # the trained model is left a diffusion model
+    assert not proc.ar_phase and net.future_visibility == 1.0
     # The AR phase loss is the next-token NLL of the same weights as a causal AR network (with
     # no probability on [MASK], which the masked model never predicts).
     ar = AutoregressiveProcess(12, bos_id=1)
@@ -158,19 +193,40 @@ def test_ar_phase_then_annealed_attention_then_masked_objective():
     net.causal = False
     logits[..., 11] = -math.inf
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-    proc.step.zero_()
-    torch.testing.assert_close(proc.loss(den, tokens).loss, expected, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="needs shift"):
-        MaskedProcess(12, mask_id=11, eos_id=1, ar_steps=5)
+    proc.ar_phase, net.future_visibility = True, 0.0  # what Phases sets in the AR phase
+    torch.testing.assert_close(proc.loss(den, batch).loss, expected, atol=1e-5, rtol=1e-5)
+    assert proc.ar_phase and net.future_visibility == 0.0  # the loss advanced nothing
+    # an AR phase needs the next-token layout: refused before training, and by the loss itself
+    unshifted = MaskedProcess(12, mask_id=11, eos_id=1)
+    plain = SimpleNamespace(process=unshifted, network=net)
+    with pytest.raises(ValueError, match="next-token layout"):
+        Phases(ar=0.25).setup(trainer, plain, "fit")
+    Phases(anneal=0.25).setup(trainer, plain, "fit")  # annealing alone needs no shift
+    unshifted.train().ar_phase = True
+    with pytest.raises(ValueError, match="shift=true"):
+        unshifted.loss(unshifted.make_denoiser(net), batch)
+    with pytest.raises(ValueError, match="trainer.max_steps or trainer.max_time"):
+        phases.setup(SimpleNamespace(max_steps=-1, global_step=0, callbacks=[]), module, "fit")
+    with pytest.raises(ValueError, match="shares of the budget"):
+        Phases(ar=0.8, anneal=0.5)
 
 
-def test_a_step_budget_shorter_than_the_ar_phase_is_refused(tmp_path):
-    from tests.conftest import run_cli
+def test_phases_that_leave_no_diffusion_training_are_refused():
+    """Phases are shares of the budget, so any step budget fits the default recipe; shares that
+    add up past the whole budget (or an AR phase that is all of it) are refused at config time,
+    with one line, before any work. In process: each CLI start costs seconds."""
+    from cdlm.cli.common import UsageError, compose_checked
+    from cdlm.cli.train import validate
 
-    result = run_cli("cdlm-train", "process=masked", "trainer.max_steps=100", cwd=tmp_path)
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-    assert "leave no diffusion training" in lines[0] and "process.ar_steps=0" in lines[0]
+    validate(compose_checked("train", ["process=masked", "trainer.max_steps=30"]))
+    for shares, needle in (
+        (["phases.ar=0.8", "phases.anneal=0.5"], "shares of the budget"),
+        (["phases.ar=1.0"], r"phases\.ar.*1\.0"),
+    ):
+        overrides = ["process=masked", "trainer.max_steps=100", *shares]
+        with pytest.raises(UsageError, match=needle) as err:
+            validate(compose_checked("train", overrides), overrides)
+        assert "\n" not in str(err.value)
 
 
 def test_lr_schedules_refuse_a_missing_budget():
@@ -187,22 +243,30 @@ def test_lr_schedules_refuse_a_missing_budget():
 
 def test_token_noise_gives_each_token_its_own_level_in_training_only():
     torch.manual_seed(0)
-    proc = GaussianProcess(30, embed_dim=8, readout_skip=True, token_noise=1.0, self_cond_prob=0)
+    proc = GaussianProcess(
+        30, embed_dim=8, objective=CrossEntropy(readout_skip=True), token_noise=1.0
+    )
     x0 = torch.randn(2, 5, 8)
     t = torch.tensor([[0.0, 0.5, 1.0, 0.5, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
     noise = torch.randn(2, 5, 8)
-    out = proc.corrupt(x0, t, noise)
+    out = proc.noised(x0, t, noise)
     a, s = proc.schedule.alpha(t[0, 2]), proc.schedule.sigma(t[0, 2])
     torch.testing.assert_close(out[0, 2], a * x0[0, 2] + s * noise[0, 2])
-    torch.testing.assert_close(out[1], proc.corrupt(x0[1:], t[1, :1], noise[1:])[0])
+    torch.testing.assert_close(out[1], proc.noised(x0[1:], t[1, :1], noise[1:])[0])
+    # corrupt embeds the tokens and noises them the same way, handing back the noise it drew
+    ids = torch.randint(0, 30, (2, 5))
+    c = proc.corrupt(ids, t, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(c.x0, proc.embedding(ids))
+    torch.testing.assert_close(c.x_t, proc.noised(c.x0, t, c.noise))
+    assert c.noisy.all() and c.t is t
     net = Transformer(**proc.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=8)
     levels = []
     real = proc.corrupt
-    proc.corrupt = lambda x0, t, noise: levels.append(t) or real(x0, t, noise)
-    tokens = torch.randint(0, 30, (64, 8))
-    proc.train().loss(proc.make_denoiser(net), tokens)
+    proc.corrupt = lambda tokens, t, generator=None: levels.append(t) or real(tokens, t, generator)
+    batch = {"tokens": torch.randint(0, 30, (64, 8))}
+    proc.train().loss(proc.make_denoiser(net), batch)
     assert levels[-1].shape == (64, 8) and (levels[-1].std(-1) > 0.1).all()
-    proc.eval().loss(proc.make_denoiser(net), tokens)
+    proc.eval().loss(proc.make_denoiser(net), batch)
     assert levels[-1].shape == (64,)  # validation: one level per sequence
     with pytest.raises(ValueError, match="readout_skip"):
         GaussianProcess(30, token_noise=0.5)

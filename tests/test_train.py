@@ -9,7 +9,7 @@ from cdlm.checkpoint import load_checkpoint
 from cdlm.data import TextDataModule
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
-from cdlm.training.callbacks import ExportModel
+from cdlm.training.callbacks import ExportModel, LogSamples
 from cdlm.training.module import DiffusionLM, wallclock_cosine, warmup_cosine
 
 
@@ -20,12 +20,6 @@ def build(tiny_corpus):
     process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=8)
     network = Transformer(
         in_dim=8, out_dim=data.vocab_size, d_model=32, n_layers=1, n_heads=2, max_seq_len=16
-    )
-    module = DiffusionLM(
-        process,
-        network,
-        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
-        lr_scheduler=lambda o: warmup_cosine(o, 2, 5),
     )
     config = {
         "process": {
@@ -45,6 +39,13 @@ def build(tiny_corpus):
         "seq_len": 16,
         "labels": data.labels,
     }
+    module = DiffusionLM(
+        process,
+        network,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
+        lr_scheduler=lambda o: warmup_cosine(o, 2, 5),
+        model_config=config,
+    )
     return data, module, config
 
 
@@ -62,9 +63,10 @@ def test_fast_dev_run(tiny_corpus, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=False))
 
 
-def test_exported_model_holds_the_ema_weights(tiny_corpus, tmp_path):
+def test_exported_model_holds_the_ema_weights(tiny_corpus, tmp_path, caplog):
     data, module, config = build(tiny_corpus)
     ema = EMAWeightAveraging(decay=0.5)
+    samples = LogSamples(every_n_steps=5, num_samples=2, steps=2)  # the process's sampler
     path = tmp_path / "model.safetensors"
     trainer = L.Trainer(
         max_steps=5,
@@ -74,10 +76,21 @@ def test_exported_model_holds_the_ema_weights(tiny_corpus, tmp_path):
         enable_progress_bar=False,
         enable_checkpointing=False,
         default_root_dir=tmp_path,
-        callbacks=[ema, ExportModel(path, config, data.tokenizer)],
+        callbacks=[ema, ExportModel(path), samples],
     )
-    trainer.fit(module, datamodule=data)
-    exported = load_checkpoint(path).network.state_dict()
+    with caplog.at_level("INFO"):
+        trainer.fit(module, datamodule=data)
+    # samples drawn once at step 5 (validation; the end of training adds none at the same step)
+    assert [r.message.startswith("[step 5] ") for r in caplog.records].count(True) == 2
+    assert samples.last_step == 5
+    # the callback reads the configs from the module and the tokenizer from the datamodule
+    model = load_checkpoint(path)
+    assert model.tokenizer.get_vocab() == data.tokenizer.get_vocab()
+    assert {k: v for k, v in model.config.items() if k != "process"} == {
+        k: v for k, v in config.items() if k != "process"
+    }
+    assert config["process"].items() <= model.config["process"].items()  # completed on save
+    exported = model.network.state_dict()
     averaged = ema._average_model.module.network.state_dict()
     for key, value in exported.items():
         torch.testing.assert_close(value, averaged[key])
@@ -128,7 +141,7 @@ def test_wallclock_schedule_follows_the_clock_not_the_steps():
 def test_ema_decay_warms_up():
     from torch.optim.swa_utils import AveragedModel
 
-    from cdlm.training.callbacks import ema_with_warmup
+    from cdlm.training.ema import ema_with_warmup
 
     model = torch.nn.Linear(1, 1, bias=False)
     averaged = AveragedModel(model, avg_fn=ema_with_warmup(0.999))
@@ -145,3 +158,19 @@ def test_ema_decay_warms_up():
         torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64), 10_000
     )
     assert abs(late.item() - 0.1) < 1e-9  # the ramp is capped at the configured decay
+
+
+def test_averaged_copy_is_a_frozen_warmed_up_ema():
+    from cdlm.training.ema import averaged_copy, ema_fn
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    target = averaged_copy(model, decay=0.999)
+    assert not any(p.requires_grad for p in target.parameters())
+    for value in (1.0, 2.0, 3.0):
+        model.weight.data.fill_(value)
+        target.update_parameters(model)
+    expected2 = 2 / 11 * 1.0 + 9 / 11 * 2.0  # as ema_with_warmup: copy, then (1+n)/(10+n)
+    assert abs(target.module.weight.item() - (0.25 * expected2 + 0.75 * 3.0)) < 1e-6
+    fixed = ema_fn(0.9, warmup=False)  # the plain EMA of EMAWeightAveraging
+    late = fixed(torch.tensor(0.0), torch.tensor(1.0), torch.tensor(1))
+    assert abs(late.item() - 0.1) < 1e-6
