@@ -1,16 +1,18 @@
-"""Self-contained, pickle-free model files.
+"""Self-contained, pickle-free model files, alone or in a Hugging Face model folder.
 
 A cdlm checkpoint is one ``.safetensors`` file: the weights of the process (embeddings) and the
 network, plus metadata holding the JSON configs that rebuild them and the tokenizer JSON. Loading
 never unpickles anything, and only ``cdlm.*`` / ``torch.*`` classes may be instantiated from the
 stored configs. Files are written to a temporary name and renamed, so a crash never leaves half a
-checkpoint behind.
+checkpoint behind. ``Model.save_pretrained`` puts that file in a folder with the Hub's companions
+(``cdlm.hub``); every loader here takes the file, such a folder or a Hub id.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
+from cdlm import hub
 from cdlm.data.tokenizer import serialise, wrap
 from cdlm.io import atomic_path
 from cdlm.legacy import upgrade_process, upgrade_state
@@ -34,16 +37,41 @@ class CheckpointError(ValueError):
 
 @dataclass
 class Model:
-    """Everything sampling needs: process, network, tokenizer and the stored configs."""
+    """Everything sampling needs: process, network, tokenizer and the stored configs; ``facts``:
+    the model card's (training, measured figures) when loaded from a model folder."""
 
     process: nn.Module
     network: nn.Module
     tokenizer: Any
     config: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def denoiser(self):
         return self.process.make_denoiser(self.network)
+
+    def card_facts(self) -> dict[str, Any]:
+        """The card's facts: what the model says about itself, then what was recorded."""
+        modules = (self.process, self.network)
+        n = sum(p.numel() for m in modules for p in m.parameters())
+        own = {"process": self.process.kind, "parameters": n, "vocab": len(self.tokenizer)}
+        return own | self.facts
+
+    def save_pretrained(self, folder: str | Path, ref: str | None = None) -> Path:
+        """Writes the Hub layout into ``folder``: ``model.safetensors``, ``config.json``, the
+        tokenizer files and the ``README.md`` model card (``ref`` names the model in its
+        commands; default the folder). Returns the folder."""
+        folder = Path(folder)
+        save_checkpoint(folder / hub.WEIGHTS, self)
+        hub.write_companions(folder, self.config, self.tokenizer, self.card_facts(), ref)
+        return folder
+
+    def push_to_hub(self, repo_id: str, *, token: str | None = None, private: bool = False) -> str:
+        """Uploads the model to the Hugging Face Hub as ``repo_id`` (through
+        ``huggingface_hub.HfApi``); returns the commit URL."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp, ref=repo_id)
+            return hub.push_folder(tmp, repo_id, token=token, private=private)
 
 
 def save_checkpoint(path: str | Path, model: Model) -> None:
@@ -113,7 +141,16 @@ def check_model_file(path: str | Path) -> None:
     Reads the safetensors layout (an 8-byte little-endian header length, then a JSON header)
     and nothing else; a file it does not recognise is left to the safetensors reader's message.
     """
+    if hub.is_hub_id(str(path)):
+        return  # a Hub repository: checked when it is downloaded
     path = Path(str(path))
+    if path.is_dir():
+        if not (path / hub.WEIGHTS).is_file():
+            raise CheckpointError(
+                f"{path} is a folder without {hub.WEIGHTS} (give a cdlm-train run folder, a "
+                "save_pretrained folder or a model file)"
+            )
+        path = path / hub.WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     size = path.stat().st_size
@@ -135,9 +172,23 @@ def check_model_file(path: str | Path) -> None:
         )
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Model:
-    path = Path(path)
-    check_model_file(path)
+def _local(ref: str | Path, revision: str | None = None) -> tuple[Path, dict]:
+    """(model file, card facts) of a file, a model folder or a Hub id."""
+    try:
+        folder = hub.resolve(ref, revision)
+    except hub.HubError as e:
+        raise CheckpointError(str(e)) from None
+    check_model_file(folder)
+    facts = hub.read_config(folder).get("card", {}) if folder.is_dir() else {}
+    return hub.weights_path(folder), facts
+
+
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", revision: str | None = None
+) -> Model:
+    """A model from a ``.safetensors`` file, a model folder (``save_pretrained``, a cdlm-train
+    run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit)."""
+    path, facts = _local(path, revision)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -159,16 +210,22 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Mod
         except RuntimeError as e:
             raise CheckpointError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
-    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
+    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
+
+
+def from_pretrained(
+    ref: str | Path, device: str | torch.device = "cpu", revision: str | None = None
+) -> Model:
+    """``cdlm.from_pretrained``: a model folder, a model file or a Hub id (``owner/name``)."""
+    return load_checkpoint(ref, device, revision)
 
 
 def load_network_weights(network: nn.Module, path: str | Path) -> None:
     """Initialises ``network`` from the network weights of a cdlm checkpoint (e.g. a masked
     model from an AR one, DiffuLLaMA / Dream adaptation); the shapes must match."""
-    path = Path(path)
-    if not path.is_file():
+    if not hub.is_hub_id(str(path)) and not Path(path).exists():
         raise CheckpointError(f"init_from checkpoint not found: {path}")
-    check_model_file(path)
+    path, _ = _local(path)
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:

@@ -122,7 +122,8 @@ def generate(
     the final logits, or the ``nearest`` embedding of the final
     state. ``clamp`` snaps every x0 estimate to its nearest token embedding (Diffusion-LM);
     ``temperature`` sharpens (< 1) the softmax behind each x0 estimate (gaussian only).
-    ``guidance``: a label (or one per sample) and classifier-free guidance scale. ``canvas``: from
+    ``guidance``: a label (or one per sample), the classifier-free guidance scale and what it
+    guides on (the label, the prompt: the canvas's fixed regions, or both). ``canvas``: from
     ``cdlm.regions.build_canvas``, ``seq_len`` positions: the process holds the non-editable ones
     fixed; ``strength`` < 1 starts the editable text spans from their ids noised (or masked) to
     t = strength (editing) instead of from the prior.
@@ -145,7 +146,18 @@ def generate(
     schedule = getattr(process, "schedule", None)
     timesteps = make_grid(grid, steps, schedule, device, warp) * strength
     guidance = guidance or Guidance()
-    passes = 2 if guidance.label is not None and guidance.scale not in (0.0, 1.0) else 1
+    prompted = canvas is not None and not all(canvas.editable)
+    # w = 1 is the conditional model itself: nothing to guide, whatever the process
+    prompt_guided = guidance.targets(prompted)[1] and guidance.scale != 1.0
+    if prompt_guided and process.sequential:
+        raise ValueError(
+            "prompt guidance needs a process whose network sees the whole canvas (masked, "
+            "gaussian); the autoregressive baseline reads the prompt as its left context only"
+        )
+    passes = guidance.passes(prompted)
+    # the prompt's blank for prompt guidance comes from its own stream: the sampling stream
+    # stays that of unguided sampling
+    blanks = rng.generator(seed + 1, device) if prompt_guided else None
     batch_size = batch_size or num_samples
     samples, nfe, start = [], 0, time.perf_counter()
     was_training = network.training
@@ -154,12 +166,19 @@ def generate(
         for first in range(0, num_samples, batch_size):
             n = min(batch_size, num_samples - first)
             x = process.prior((n, seq_len), device, generator)
-            condition = partial(guidance.wrap, batch=n, device=device, first=first)
+            where = blank = None
             if canvas is not None:
                 ids = torch.tensor(canvas.ids, device=device).expand(n, -1)
                 editable = torch.tensor(canvas.editable, device=device).expand(n, -1)
                 seeded = torch.tensor(canvas.seeded, device=device).expand(n, -1)
                 x = process.start(x, ids, editable, seeded, strength, generator)
+                where = ~editable
+                if prompt_guided:
+                    blank = process.prior((n, seq_len), device, blanks)
+            condition = partial(
+                guidance.wrap, batch=n, device=device, first=first, where=where, blank=blank
+            )
+            if canvas is not None:
                 held = process.hold_fixed
                 condition = partial(
                     _then, condition, partial(held, ids=ids, editable=editable, generator=generator)

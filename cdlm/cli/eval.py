@@ -1,6 +1,7 @@
-"""``cdlm-eval``: the full report of a checkpoint and sampler (quality beside real text, the val
+"""``cdlm-eval``: the full report of a model and sampler (quality beside real text, the val
 bound, speed and work), or its held-out likelihood alone (ELBO or ODE NLL), or ``--compare``
-several JSON reports in one table."""
+several JSON reports in one table. The JSON report goes beside the model unless ``out=`` says
+otherwise, and a model folder's card (README.md) gets the measured figures."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from cdlm import config_dir, hub
 from cdlm.checkpoint import load_checkpoint
 from cdlm.cli.common import (
     default_wandb_mode,
@@ -21,12 +23,14 @@ from cdlm.cli.common import (
     require_choice,
     require_model_file,
     require_number,
+    require_output_file,
     run,
 )
 from cdlm.cli.sample import resolve_device
 from cdlm.evaluation import harness
-from cdlm.evaluation.quality import load_scorer
+from cdlm.evaluation.quality import SCORER_INSTALL, load_scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
+from cdlm.generate import sampling_defaults
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.samplers.grids import GRIDS
@@ -34,7 +38,11 @@ from cdlm.samplers.grids import GRIDS
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
-    require(cfg.ckpt is not None, "ckpt=PATH is required (a .safetensors file from cdlm-train)")
+    require(
+        cfg.ckpt is not None,
+        "ckpt=PATH is required (a cdlm-train run folder, a model folder, its model.safetensors, "
+        "or a Hugging Face Hub id)",
+    )
     require_number("batch_size", cfg.batch_size, integer=True, at_least=1)
     require_number(
         "num_batches",
@@ -60,13 +68,49 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     require_choice("grid", cfg.grid, GRIDS)
     for key in ("cut_at_eos", "wandb"):
         require_bool(key, cfg[key])
+    require_output_file("out", cfg.out)
     resolve_device(cfg.device)
     require_model_file(cfg.ckpt)
+
+
+def default_out(ckpt: str, metric: str) -> Path:
+    """Where a report goes without ``out=``: beside the model (``eval.json`` in a model folder,
+    ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder."""
+    name = "eval.json" if metric == "evaluate_checkpoint" else f"eval_{metric}.json"
+    if hub.is_hub_id(ckpt):
+        return Path(f"{ckpt.replace('/', '--')}.{name}")
+    path = Path(ckpt)
+    if path.is_dir():
+        return path / name
+    return path.with_name(name if path.stem == "model" else f"{path.stem}.{name}")
+
+
+def report_path(cfg: DictConfig, metric: str) -> Path:
+    path = Path(cfg.out) if cfg.out else default_out(str(cfg.ckpt), metric)
+    if not cfg.out:
+        print(f"cdlm-eval: the report goes to {path} (out=FILE to choose)", file=sys.stderr)
+    return path
+
+
+def update_card(cfg: DictConfig, metrics: dict) -> None:
+    """Records the figures in the model folder's card, when ``ckpt`` is (in) such a folder."""
+    if hub.is_hub_id(str(cfg.ckpt)):
+        return
+    path = Path(str(cfg.ckpt))
+    folder = path if path.is_dir() else path.parent
+    if hub.record_metrics(folder, metrics):
+        print(f"cdlm-eval: recorded the figures in the model card {folder / hub.CARD}")
 
 
 def full_report(cfg: DictConfig) -> None:
     """The full evaluation; prints the markdown summary, writes JSON + .md, logs to W&B."""
     device = resolve_device(cfg.device)
+    sampler = instantiate(cfg.get("sampler"))
+    model = load_checkpoint(cfg.ckpt, device)  # to refuse a bad pair before the scorer loads
+    harness.check_whole_canvases(
+        sampling_defaults(model.process, model.config, cfg.steps, sampler)[1], cfg.cut_at_eos
+    )
+    path = report_path(cfg, "evaluate_checkpoint")
     scorer = (
         None
         if cfg.scorer == "none"
@@ -74,7 +118,7 @@ def full_report(cfg: DictConfig) -> None:
     )
     result = harness.evaluate_checkpoint(
         cfg.ckpt,
-        instantiate(cfg.get("sampler")),
+        sampler,
         steps=cfg.steps,
         num_samples=cfg.num_samples,
         seed=cfg.seed,
@@ -90,10 +134,10 @@ def full_report(cfg: DictConfig) -> None:
     )
     summary = summary_markdown(result)
     print(summary)
-    if cfg.out:
-        atomic_write_text(Path(cfg.out), json.dumps(result, indent=2) + "\n")
-        atomic_write_text(Path(cfg.out).with_suffix(".md"), summary)
-        print(f"cdlm-eval: wrote {cfg.out} and {Path(cfg.out).with_suffix('.md')}")
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    atomic_write_text(path.with_suffix(".md"), summary)
+    print(f"cdlm-eval: wrote {path} and {path.with_suffix('.md')}")
+    update_card(cfg, harness.card_metrics(result, command()))
     if cfg.wandb:
         log_to_wandb(result)
 
@@ -146,12 +190,37 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     }
     terms = ", ".join(f"{k}={v:.4f}" for k, v in report["bits_per_token"].items())
     print(f"cdlm-eval: {name} on {report['sequences']} sequences, bits/token: {terms}")
-    if cfg.out:
-        atomic_write_text(Path(cfg.out), json.dumps(report, indent=2) + "\n")
-        print(f"cdlm-eval: wrote {cfg.out}")
+    path = report_path(cfg, name)
+    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    print(f"cdlm-eval: wrote {path}")
+    how = f"{name} on {report['sequences']} val sequences, seed {cfg.seed}"
+    total = report["bits_per_token"].get("total")
+    if total is not None:
+        update_card(cfg, {"bits_per_token": total, "bound_how": how, "source": command()})
+
+
+def command() -> str:
+    """This run's command line, as the card's record of how a figure was measured."""
+    return " ".join(["cdlm-eval", *sys.argv[1:]])
+
+
+def usage() -> str:
+    """``cdlm-eval --help``: the commands, every option (conf/eval.yaml) and the scorer's
+    install line."""
+    options = (config_dir() / "eval.yaml").read_text(encoding="utf-8").split("\nhydra:")[0]
+    return (
+        f"{__doc__}\n\nPATH: a cdlm-train run folder, a model folder, a model.safetensors or a "
+        f"Hugging Face Hub id. Options (key=value), from conf/eval.yaml:\n\n{options}\n"
+        f"The default scorer (gen-PPL under SmolLM2-135M, offline) installs with one command:\n"
+        f"  {SCORER_INSTALL}\n(or scorer=none to skip gen-PPL, scorer=<HF causal LM> for "
+        "another)\n"
+    )
 
 
 def main() -> None:
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        print(usage())
+        return
     if sys.argv[1:2] == ["--compare"]:
         paths = sys.argv[2:]
         missing = [p for p in paths if not Path(p).is_file()]

@@ -1,5 +1,6 @@
-"""``cdlm-sample``: load a checkpoint, sample (optionally class-conditional with guidance, from a
-prompt, or infilling/editing a text), print, and write JSONL atomically."""
+"""``cdlm-sample``: load a model (file, folder or Hub id), sample (optionally class-conditional
+with guidance on the label and/or the prompt, from a prompt, or infilling/editing a text), print,
+write JSONL atomically, and show or save the denoising canvas (``show=canvas``, ``canvas=``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig
 from tqdm import tqdm
 
+from cdlm import config_dir
+from cdlm.canvas import FORMATS, LiveCanvas, Recorder, save
 from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.cli.common import (
     UsageError,
@@ -22,13 +25,15 @@ from cdlm.cli.common import (
     require_choice,
     require_model_file,
     require_number,
+    require_output_file,
     run,
 )
 from cdlm.generate import ROUNDINGS, generate, sampling_defaults
-from cdlm.guidance import Guidance
+from cdlm.guidance import GUIDE_ON, Guidance
 from cdlm.io import atomic_write_text
 from cdlm.regions import Canvas, assemble, build_canvas, parse_template, prompt_template
 from cdlm.samplers import check_compatible
+from cdlm.samplers.blockwise import with_cache
 from cdlm.samplers.grids import GRIDS
 
 
@@ -40,7 +45,11 @@ def scales(cfg: DictConfig) -> list[float]:
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
-    require(cfg.ckpt is not None, "ckpt=PATH is required (a .safetensors file from cdlm-train)")
+    require(
+        cfg.ckpt is not None,
+        "ckpt=PATH is required (a cdlm-train run folder, a model folder, its model.safetensors, "
+        "or a Hugging Face Hub id)",
+    )
     require_number("steps", cfg.steps, integer=True, at_least=1, nullable=True)
     require_number("num_samples", cfg.num_samples, integer=True, at_least=1)
     for key, null in (("seq_len", "the training length"), ("batch_size", "one batch")):
@@ -55,14 +64,24 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     raw = cfg.guidance.scale
     for w in raw if isinstance(raw, ListConfig) else [raw]:
         require_number("guidance.scale", w, at_least=0, note="(0: unconditional, 1: conditional)")
-    require(
-        cfg.label is not None or all(w == 1.0 for w in scales(cfg)),
-        "guidance.scale needs label=NAME (a class-conditional model); without a label the "
-        f"samples are unconditional and the scale would be ignored (got {raw})",
-    )
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
     require(len(inputs) <= 1, f"give at most one of prompt=, infill=, edit= (got {inputs})")
+    require_choice("guidance.on", cfg.guidance.on, GUIDE_ON)
+    require(
+        cfg.label is not None or inputs or all(w == 1.0 for w in scales(cfg)),
+        "guidance.scale needs something to guide on: label=NAME (a class-conditional model) or "
+        f"fixed text (prompt=, infill=, edit=); without either it would be ignored (got {raw})",
+    )
+    try:
+        Guidance(cfg.label, 1.0, cfg.guidance.on).targets(bool(inputs))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    require_choice("show", cfg.show, ("none", "canvas"))
+    if cfg.canvas is not None:
+        suffix = Path(str(cfg.canvas)).suffix
+        require(suffix in FORMATS, f"canvas={cfg.canvas}: valid formats: {', '.join(FORMATS)}")
     require_number("edit_strength", cfg.edit_strength, above=0, at_most=1)
+    require_output_file("out", cfg.out)
     resolve_device(cfg.device)
     require_model_file(cfg.ckpt)
 
@@ -112,6 +131,29 @@ def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | N
         raise UsageError(str(e)) from None
 
 
+def watcher(
+    cfg: DictConfig, model: Model, canvas: Canvas | None, guidance: Guidance, steps: int
+) -> Recorder | None:
+    """The step recorder behind ``show=canvas`` and ``canvas=PATH`` (None without either)."""
+    if cfg.show == "none" and cfg.canvas is None:
+        return None
+    prompted = canvas is not None and not all(canvas.editable)
+    fixed = torch.tensor([not e for e in canvas.editable]) if canvas is not None else None
+    live = LiveCanvas(model.tokenizer, fixed=fixed, steps=steps) if cfg.show == "canvas" else None
+    return Recorder(model.process, fixed, guidance.passes(prompted), on_frame=live)
+
+
+def guidance_on(guidance: Guidance, canvas: Canvas | None) -> str:
+    """What a guided record was guided on: label, prompt or both."""
+    use_label, use_prompt = guidance.targets(canvas is not None and not all(canvas.editable))
+    return "both" if use_label and use_prompt else "label" if use_label else "prompt"
+
+
+def canvas_path(path: Path, w: float, n_scales: int) -> Path:
+    """``canvas=out.html`` as given; with several scales, one file per scale (out-w2.html)."""
+    return path if n_scales == 1 else path.with_name(f"{path.stem}-w{w:g}{path.suffix}")
+
+
 def output_path(out: str | None) -> Path | None:
     """``out`` as given; in a multirun each job writes into its own sweep folder (default
     ``samples.jsonl`` there), so a sweep keeps one file per setting."""
@@ -136,18 +178,32 @@ def sample(cfg: DictConfig) -> None:
     label = label_index(model, cfg.label)
     canvas, strength = read_canvas(cfg, model, seq_len)
     check_compatible(sampler, model.process.kind)
+    sampler = with_cache(sampler, cfg.cache)
     name = sampler.func.sampler_name
     batches = -(-cfg.num_samples // (cfg.batch_size or cfg.num_samples))
     per_batch = seq_len if model.process.sequential else steps  # callbacks per batch
+    prompted = canvas is not None and not all(canvas.editable)
+    on_prompt = cfg.guidance.on in ("prompt", "both") or (
+        cfg.guidance.on == "auto" and label is None and any(w != 1.0 for w in scales(cfg))
+    )
+    guided = label is not None or (prompted and on_prompt)
     records = []
     for w in scales(cfg):
+        guidance = Guidance(label, w, cfg.guidance.on)
+        recorder = watcher(cfg, model, canvas, guidance, per_batch)
         with tqdm(
             total=batches * per_batch,
-            desc=f"scale {w:g}" if label is not None else "sampling",
-            disable=None if cfg.progress else True,  # None: on a terminal only
+            desc=f"scale {w:g}" if guided else "sampling",
+            disable=None if cfg.progress and cfg.show == "none" else True,  # None: on a tty
             file=sys.stderr,
             leave=False,
         ) as bar:
+
+            def step(info, bar=bar, recorder=recorder) -> None:
+                bar.update(1)
+                if recorder is not None:
+                    recorder(info)
+
             gen = generate(
                 model.process,
                 model.network,
@@ -163,8 +219,8 @@ def sample(cfg: DictConfig) -> None:
                 clamp=cfg.clamp,
                 temperature=cfg.temperature,
                 cut_at_eos=canvas is None,
-                callback=lambda info: bar.update(1),
-                guidance=Guidance(label, w),
+                callback=step,
+                guidance=guidance,
                 canvas=canvas,
                 strength=strength,
             )
@@ -177,7 +233,8 @@ def sample(cfg: DictConfig) -> None:
                 record
                 | {
                     "label": cfg.label,
-                    "scale": w if label is not None else None,
+                    "scale": w if guided else None,
+                    "guidance_on": guidance_on(guidance, canvas) if guided else None,
                     "sampler": name,
                     "steps": steps,
                     "nfe": gen.nfe,
@@ -186,12 +243,22 @@ def sample(cfg: DictConfig) -> None:
                     "seed": cfg.seed,
                 }
             )
-            scale_note = f" (label {cfg.label}, scale {w:g})" if label is not None else ""
+            on = records[-1]["guidance_on"]
+            what = {"label": f"label {cfg.label}", "prompt": "prompt guidance"}.get(
+                on, f"label {cfg.label} and prompt"
+            )
+            scale_note = f" ({what}, scale {w:g})" if guided else ""
             print(f"[{record['index']}]{scale_note} {record['text']}\n")
         print(
             f"cdlm-sample: {len(gen.samples)} samples, sampler={name}, steps={steps}, "
             f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
         )
+        if cfg.canvas is not None:
+            path = canvas_path(Path(str(cfg.canvas)), w, len(scales(cfg)))
+            meta = f"{cfg.ckpt} · {model.process.kind} · sampler {name} · {steps} steps"
+            title = f"cdlm denoising canvas (scale {w:g})" if guided else "cdlm denoising canvas"
+            save(path, recorder, model.tokenizer, title, meta)
+            print(f"cdlm-sample: wrote the canvas of every step to {path}")
     path = output_path(cfg.out)
     if path is not None:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
@@ -199,6 +266,10 @@ def sample(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        options = (config_dir() / "sample.yaml").read_text(encoding="utf-8").split("\nhydra:")[0]
+        print(f"{__doc__}\n\nOptions (key=value), from conf/sample.yaml:\n\n{options}")
+        return
     run("cdlm-sample", "sample", sample, validate)
 
 

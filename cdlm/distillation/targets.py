@@ -90,7 +90,7 @@ def sdtt_target(
     return torch.where(still[..., None], logp, target)
 
 
-def divergence(student_logp: Tensor, teacher_logp: Tensor, kind: str) -> Tensor:
+def divergence(student_logp: Tensor, teacher_logp: Tensor, name: str) -> Tensor:
     """Per-row divergence (N,) between log-probabilities (N, V): ``reverse_kl`` KL(student ||
     teacher) (SDTT's default), ``forward_kl`` KL(teacher || student), or ``mse`` of the
     log-probabilities. -inf entries (SUBS' [MASK]) contribute nothing."""
@@ -98,14 +98,14 @@ def divergence(student_logp: Tensor, teacher_logp: Tensor, kind: str) -> Tensor:
     finite = torch.isfinite(s) & torch.isfinite(q)
     # zero the -inf entries first: a where() after the arithmetic would still send NaN gradients
     s, q = torch.where(finite, s, 0.0), torch.where(finite, q, 0.0)
-    if kind == "reverse_kl":
+    if name == "reverse_kl":
         terms = s.exp() * (s - q)
-    elif kind == "forward_kl":
+    elif name == "forward_kl":
         terms = q.exp() * (q - s)
-    elif kind == "mse":
+    elif name == "mse":
         terms = (s - q) ** 2
     else:
-        raise ValueError(f"unknown divergence {kind!r}; valid: reverse_kl, forward_kl, mse")
+        raise ValueError(f"unknown divergence {name!r}; valid: reverse_kl, forward_kl, mse")
     return torch.where(finite, terms, 0.0).sum(-1)
 
 

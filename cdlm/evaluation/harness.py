@@ -3,6 +3,7 @@ speed and work, in one report dict (see ``report.py`` for its markdown form)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import platform
 import sys
@@ -80,6 +81,28 @@ def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer 
     return out
 
 
+def stops_at_eos(sampler: Callable) -> bool:
+    """Whether ``sampler`` ends a sequence at its first EOS and pads the rest with EOS (the AR
+    sampler's ``stop_at_eos``, on by default)."""
+    fn = getattr(sampler, "func", sampler)
+    param = inspect.signature(fn).parameters.get("stop_at_eos")
+    default = param.default if param is not None else False
+    return bool(getattr(sampler, "keywords", {}).get("stop_at_eos", default))
+
+
+def check_whole_canvases(sampler: Callable, cut_at_eos: bool) -> None:
+    """Refuses ``cut_at_eos=False`` (score whole canvases) with a sampler that pads after EOS:
+    the padding would be scored as text (measured on an AR model: 4.48 bits of token entropy and
+    54% repeated 4-grams for samples that were fine)."""
+    if not cut_at_eos and stops_at_eos(sampler):
+        name = getattr(getattr(sampler, "func", sampler), "sampler_name", "this sampler")
+        raise ValueError(
+            f"cut_at_eos=false scores whole canvases, but sampler {name} stops at the first EOS "
+            "and pads the rest with EOS, which would be scored as text; give "
+            "sampler.stop_at_eos=false (fill whole canvases) or cut_at_eos=true"
+        )
+
+
 def evaluate_checkpoint(
     ckpt: str,
     sampler: Callable | None,
@@ -101,7 +124,8 @@ def evaluate_checkpoint(
     samples and as many real val sequences cut to the same lengths, and computes the val bound
     on the first ``likelihood_sequences`` val sequences (None: all), averaged over
     ``likelihood_draws`` noise draws (``val_bits_per_token``). ``cut_at_eos=False`` scores
-    whole canvases (EOS as line breaks): equal length for every model and sampler.
+    whole canvases (EOS as line breaks): equal length for every model and sampler; a sampler
+    that pads after EOS is refused then (``check_whole_canvases``).
     ``temperature``: the gaussian x0 softmax temperature (``cdlm.generate.generate``)."""
     start = time.perf_counter()
     model = load_checkpoint(ckpt, device)
@@ -109,6 +133,7 @@ def evaluate_checkpoint(
     steps, sampler, note = sampling_defaults(model.process, model.config, steps, sampler)
     if note:
         print(f"cdlm-eval: {note}", file=sys.stderr)
+    check_whole_canvases(sampler, cut_at_eos)
     seq_len = model.config["seq_len"]
     speed = measure(
         model,
@@ -173,3 +198,27 @@ def evaluate_checkpoint(
         ),
         "samples": [s.text for s in samples],
     }
+
+
+def card_metrics(result: dict, command: str) -> dict:
+    """A full report's figures for a model card (``cdlm.hub.record_metrics``)."""
+    bound, quality = result["likelihood"], result["quality"]
+    sampler = result["sampler"]
+    how = (
+        f"{quality['scorer'] or 'no scorer'}; {result['batch_size']} samples, sampler "
+        f"{sampler['name']}, {sampler['steps']} steps, seed {result['seed']}"
+    )
+    out = {
+        "bits_per_token": bound["bits_per_token"],
+        "bound_how": f"{bound['kind']} on {bound['sequences']} val sequences, "
+        f"{bound['draws']} draw(s)",
+        "token_entropy_bits": quality["samples"]["token_entropy_bits"],
+        "distinct_2": quality["samples"]["distinct_2"],
+        "gen_ppl_how": how,
+        "source": command,
+    }
+    if "std_error" in bound:
+        out["bits_per_token_std_error"] = bound["std_error"]
+    if "gen_ppl" in quality["samples"]:
+        out["gen_ppl"] = quality["samples"]["gen_ppl"]
+    return out

