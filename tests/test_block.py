@@ -40,7 +40,7 @@ def test_vectorised_mask_is_bd3lm_s():
     assert clean[:, 4:].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
 
 
-@pytest.mark.parametrize("size", [1, 3, 4])
+@pytest.mark.parametrize("size", [1, 4])
 def test_cached_logits_equal_the_one_pass_training_logits(size):
     """A block's logits read against the KV cache of its clean past (written block by block),
     recomputed without a cache, and from the vectorised x_t ⊕ x0 training pass all agree."""
@@ -87,9 +87,9 @@ def test_block_size_one_bound_is_the_ar_nll():
         process.eval()
         draws = [
             process.loss(den, {"tokens": tokens}, torch.Generator().manual_seed(k)).loss
-            for k in range(400)
+            for k in range(100)
         ]
-    mean, spread = torch.stack(draws).mean(), torch.stack(draws).std() / math.sqrt(400)
+    mean, spread = torch.stack(draws).mean(), torch.stack(draws).std() / math.sqrt(100)
     assert abs(float(mean - nll.sum() / 30)) < 4 * float(spread)
 
 
