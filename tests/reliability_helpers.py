@@ -3,11 +3,36 @@ reliability_helpers.X``): importable from a subprocess with ``tests/`` on PYTHON
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 
 import lightning as L
+import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
+
+from cdlm.cli import train as train_cli
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train several times faster on one thread, above all on a busy machine (a
+    killed subprocess gets OMP_NUM_THREADS=1 too, so every run computes alike). Autouse in the
+    modules that import it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def train_in_process(args: list[str], monkeypatch) -> None:
+    """``cdlm-train ARGS`` in this process (a real run, Hydra and all, minus the start-up)."""
+    monkeypatch.setattr(sys, "argv", ["cdlm-train", *args])
+    try:
+        train_cli.main()
+    finally:
+        GlobalHydra.instance().clear()
 
 
 class Pace(L.Callback):

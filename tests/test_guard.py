@@ -5,7 +5,6 @@ Real ``cdlm-train`` runs in-process, poisoned by ``reliability_helpers.Poison``.
 from __future__ import annotations
 
 import csv
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from hydra.core.global_hydra import GlobalHydra
+from reliability_helpers import one_thread  # noqa: F401 (autouse)
+from reliability_helpers import train_in_process as run
 
 from cdlm.checkpoint import load_checkpoint
-from cdlm.cli import train as train_cli
 from cdlm.training.checkpointing import find_resume, weights_finite
 from cdlm.training.guard import Diverged, NonFiniteGuard
 
@@ -34,23 +33,8 @@ RUN = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train several times faster on one thread, above all on a busy machine (the
-    killed subprocess gets OMP_NUM_THREADS=1 too, so every run computes alike)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def train(folder: Path, corpus: Path, *extra: str, monkeypatch) -> None:
-    args = ["cdlm-train", f"data.path={corpus}", *RUN, *extra, f"hydra.run.dir={folder}"]
-    monkeypatch.setattr(sys, "argv", args)
-    try:
-        train_cli.main()
-    finally:
-        GlobalHydra.instance().clear()
+    run([f"data.path={corpus}", *RUN, *extra, f"hydra.run.dir={folder}"], monkeypatch)
 
 
 def logged(folder: Path, key: str) -> list[float]:

@@ -23,11 +23,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.callbacks import Timer
+from reliability_helpers import one_thread  # noqa: F401 (autouse)
+from reliability_helpers import train_in_process as run
 from safetensors.torch import load_file
 
-from cdlm.cli import train as train_cli
 from cdlm.data.order import ResumableLoader, ResumableSampler
 from cdlm.training.checkpointing import Checkpoint, find_resume, is_whole_checkpoint
 from cdlm.training.module import wallclock_cosine
@@ -51,23 +51,8 @@ RUN = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train several times faster on one thread, above all on a busy machine (the
-    killed subprocess gets OMP_NUM_THREADS=1 too, so every run computes alike)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def train_in_process(folder: Path, corpus: Path, *extra: str, monkeypatch) -> None:
-    args = ["cdlm-train", f"data.path={corpus}", *RUN, *extra, f"hydra.run.dir={folder}"]
-    monkeypatch.setattr(sys, "argv", args)
-    try:
-        train_cli.main()
-    finally:
-        GlobalHydra.instance().clear()
+    run([f"data.path={corpus}", *RUN, *extra, f"hydra.run.dir={folder}"], monkeypatch)
 
 
 def losses(folder: Path) -> dict[int, float]:

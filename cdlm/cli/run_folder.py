@@ -3,10 +3,11 @@ one training at a time, and left as it was found when the input is refused."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -40,6 +41,23 @@ def discard_if_unused(folder: Path) -> Iterator[None]:
         raise
 
 
+def launched_as_rank_zero() -> bool:
+    """Whether this process is the job's first: the one that owns the run folder. The others are
+    Lightning's relaunched copies of the command (``LOCAL_RANK``, and ``NODE_RANK`` on other
+    nodes) or processes a launcher started with a global rank (``RANK``: torchrun,
+    ``SLURM_PROCID``: srun); they share the folder that rank 0 holds."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def hold(folder: Path):
+    """The run folder's lock, taken by the job's first process only (``launched_as_rank_zero``):
+    the other ranks of a distributed run write into the folder it holds."""
+    return folder_lock(folder) if launched_as_rank_zero() else nullcontext()
+
+
 def run_dir(overrides: list[str]) -> tuple[Path | None, bool]:
     """(``hydra.run.dir`` as Hydra will resolve it, whether it is fixed): fixed unless it is
     time-stamped (``${now:...}``) or a multirun (one folder per job); None if unknown."""
@@ -59,7 +77,7 @@ def claim(overrides: list[str], locks: ExitStack) -> None:
     locked (in ``locks``) before Hydra writes its ``.hydra/`` files into it. A time-stamped
     folder is new, and ``train`` locks it once Hydra has made it."""
     folder, fixed = run_dir(overrides)
-    if folder is None:
+    if folder is None or not launched_as_rank_zero():
         return
     problem = unwritable(folder)
     require(problem is None, f"output folder hydra.run.dir={folder}: {problem}")

@@ -18,11 +18,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from cdlm import rng
 from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.distillation.targets import halvings
 from cdlm.guidance import WithLabel, drop_labels
 from cdlm.training.ema import averaged_copy
+from cdlm.training.module import log_validation, validation_generator
 from cdlm.training.phases import budget_progress
 
 
@@ -105,6 +105,10 @@ class Distillation(L.LightningModule):
         return self.base_config | {"distillation": record}
 
     def _denoisers(self, batch):
+        # not children, so Lightning does not move them: follow the student (a no-op once there)
+        for frozen in (self.teacher, self.ema_target):
+            if frozen is not None:
+                frozen.to(self.device)
         student = self.process.make_denoiser(self.network)
         teacher = self.process.make_denoiser(self.teacher)
         target = self.ema_target and self.process.make_denoiser(self.ema_target.module)
@@ -115,7 +119,6 @@ class Distillation(L.LightningModule):
         return student, teacher, target
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        self.teacher.to(self.device)
         student, teacher, target = self._denoisers(batch)
         extra = {"target": target} if self.method.uses_ema_target else {}
         out = self.method.loss(self.process, student, teacher, batch, self.steps, **extra)
@@ -126,12 +129,12 @@ class Distillation(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         student, teacher, target = self._denoisers(batch)
-        generator = rng.generator(batch_idx, batch["tokens"].device)
+        generator = validation_generator(self.trainer, batch_idx, batch["tokens"].device)
         extra = {"target": target} if self.method.uses_ema_target else {}
         out = self.method.loss(
             self.process, student, teacher, batch, self.steps, generator, **extra
         )
-        self.log("val/loss", out.loss, prog_bar=True)
+        log_validation(self, {"val/loss": out.loss})
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         progress = budget_progress(self.trainer)

@@ -14,31 +14,34 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generate import default_sampler, generate
 from cdlm.training.checkpointing import weights_finite
+from cdlm.training.scaling import batch_report, whole_model
 
 
 class ExportModel(L.Callback):
-    """Writes the self-contained ``.safetensors`` model (atomically, once, from rank 0) at each
-    validation and at the end of training: the module's process and network, the datamodule's
-    tokenizer, and ``pl_module.model_config`` (the configs that rebuild the model). Weights that
-    are not all finite are never written: the last good file stays."""
+    """Writes the self-contained ``.safetensors`` model (atomically, once, from rank 0; gathered
+    first when the weights are sharded) at each validation and at the end of training: the
+    module's process and network, the datamodule's tokenizer, and ``pl_module.model_config``
+    (the configs that rebuild the model). Weights that are not all finite are never written: the
+    last good file stays."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
-    @rank_zero_only
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
-        if not weights_finite(pl_module):
+        process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
+        if process is None:
+            return False
+        if not (weights_finite(process) and weights_finite(network)):
             rank_zero_warn(f"non-finite weights: {self.path} not written, the previous one stays")
             return False
         tokenizer = trainer.datamodule.tokenizer
-        model = Model(pl_module.process, pl_module.network, tokenizer, pl_module.model_config)
-        save_checkpoint(self.path, model)
+        save_checkpoint(self.path, Model(process, network, tokenizer, pl_module.model_config))
         return True
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -71,12 +74,15 @@ class LogSamples(L.Callback):
         if self.num_samples < 1 or trainer.global_step == self.last_step:
             return
         self.last_step = trainer.global_step
+        process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
+        if process is None:
+            return
         data = trainer.datamodule
         gen = generate(
-            pl_module.process,
-            pl_module.network,
+            process.to(pl_module.device),
+            network.to(pl_module.device),
             data.tokenizer,
-            self.sampler or default_sampler(pl_module.process),
+            self.sampler or default_sampler(process),
             steps=self.steps,
             num_samples=self.num_samples,
             seq_len=data.seq_len,
@@ -88,13 +94,11 @@ class LogSamples(L.Callback):
         if log_text is not None:
             log_text(key="samples", columns=["step", "text"], data=rows)
 
-    @rank_zero_only
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         due = self.every > 0 and trainer.global_step - self.last_step >= self.every
         if not trainer.sanity_checking and due:
             self._log(trainer, pl_module)
 
-    @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer, pl_module)
 
@@ -107,6 +111,12 @@ class Throughput(L.Callback):
     def __init__(self, warmup_steps: int = 5) -> None:
         self.warmup_steps = warmup_steps
         self.tokens, self.seconds, self.start = 0, 0.0, 0.0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        data = trainer.datamodule
+        report = batch_report(trainer, data.batch_size, data.seq_len)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(report)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.start = time.perf_counter()

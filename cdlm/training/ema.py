@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
+
+from cdlm.training.scaling import is_sharded
 
 
 def ema_with_warmup(decay: float = 0.999) -> Callable:
@@ -48,3 +51,11 @@ class EMA(WeightAveraging):
 
     def __init__(self, decay: float = 0.999, warmup: bool = True, **kwargs) -> None:
         super().__init__(avg_fn=ema_fn(decay, warmup), **kwargs)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if is_sharded(trainer):  # the average would be of one shard's views, not the weights
+            raise ValueError(
+                "callbacks.ema cannot average sharded weights (trainer=fsdp): Lightning's "
+                "WeightAveraging keeps a whole copy of the model; trainer=fsdp sets callbacks.ema=null"
+            )
+        super().setup(trainer, pl_module, stage)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cdlm import rng
+from cdlm.data.order import global_batch_index
 from cdlm.denoiser import Denoiser
 from cdlm.evaluation.levels import level_metrics
 from cdlm.guidance import WithLabel, drop_labels
@@ -113,6 +114,22 @@ def wallclock_cosine(
     return WallclockLR(optimizer, factor, clock)
 
 
+def validation_generator(trainer: L.Trainer, batch_idx: int, device) -> torch.Generator:
+    """The noise of a validation batch, keyed on its index in the one-process batching
+    (``cdlm.data.order.BatchShards`` deals batches to ranks), so that validation on several
+    processes draws what one process draws."""
+    index = global_batch_index(batch_idx, trainer.global_rank, trainer.world_size)
+    return rng.generator(index, device)
+
+
+def log_validation(module: L.LightningModule, metrics: dict[str, torch.Tensor]) -> None:
+    """Logs validation figures as epoch means over every rank's batches (``sync_dist``):
+    Lightning sums value x batch size and batch sizes across ranks, so the figure is the mean
+    over all validation sequences, as on one process."""
+    module.log("val/loss", metrics.pop("val/loss"), prog_bar=True, sync_dist=True)
+    module.log_dict(metrics, sync_dist=True)
+
+
 class DiffusionLM(L.LightningModule):
     """Trains any process with any network (``conf/module/diffusion.yaml``).
 
@@ -170,21 +187,20 @@ class DiffusionLM(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         # Fixed noise per batch, so validation curves compare checkpoints, not noise draws.
-        generator = rng.generator(batch_idx, batch["tokens"].device)
+        generator = validation_generator(self.trainer, batch_idx, batch["tokens"].device)
         out = self.process.loss(self.denoiser, batch, generator)
-        self.log("val/loss", out.loss, prog_bar=True)
-        self.log_dict({f"val/{k}": v for k, v in out.metrics.items()})
-        if not self.process.noise_levels:
-            return
-        for t in self.eval_times:
+        metrics = {"val/loss": out.loss} | {f"val/{k}": v for k, v in out.metrics.items()}
+        for t in self.eval_times if self.process.noise_levels else ():
             ev = self.process.evaluate_at(self.denoiser, batch["tokens"], t, generator)
             m = level_metrics(ev, self.log_prior)
-            self.log(f"val/ce_t{t:g}", m.ce)
-            self.log(f"val/acc_t{t:g}", m.acc)
+            metrics |= {f"val/ce_t{t:g}": m.ce, f"val/acc_t{t:g}": m.acc}
             if m.baseline_acc is not None:
-                self.log(f"val/base_ce_t{t:g}", m.baseline_ce)
-                self.log(f"val/base_acc_t{t:g}", m.baseline_acc)
-                self.log(f"val/context_gain_t{t:g}", m.acc / m.baseline_acc.clamp_min(1e-6))
+                metrics |= {
+                    f"val/base_ce_t{t:g}": m.baseline_ce,
+                    f"val/base_acc_t{t:g}": m.baseline_acc,
+                    f"val/context_gain_t{t:g}": m.acc / m.baseline_acc.clamp_min(1e-6),
+                }
+        log_validation(self, metrics)
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from cdlm.checkpoint import Model
 from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.hub import write_companions
+from cdlm.training.scaling import whole_model
 
 
 def bound_facts(bound: dict, what: str) -> dict:
@@ -63,20 +64,22 @@ class ModelFolder(L.Callback):
             "wall_seconds": round(time.perf_counter() - self.start, 1),
         }
 
-    @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
+        if process is None:
+            return
         data = trainer.datamodule
-        model = Model(pl_module.process, pl_module.network, data.tokenizer, pl_module.model_config)
+        model = Model(process, network, data.tokenizer, pl_module.model_config)
         metrics = {}
         if self.bound_sequences > 0:
             tokens = data.val_set.tokens[: self.bound_sequences]
-            was_training = pl_module.training
-            pl_module.eval()  # the bound is an eval-mode quantity (stratified t, no dropout)
+            modes = process.training, network.training
+            process.eval(), network.eval()  # an eval-mode quantity (stratified t, no dropout)
             try:
                 with torch.no_grad():
                     bound = val_bits_per_token(model, tokens, seed=0)
             finally:
-                pl_module.train(was_training)
+                process.train(modes[0]), network.train(modes[1])
             metrics = bound_facts(bound, f"at the end of training (step {trainer.global_step})")
             metrics["source"] = "cdlm-train (final weights)"
         facts = model.card_facts() | {"training": self.training_facts(trainer), "metrics": metrics}
