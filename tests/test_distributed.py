@@ -146,7 +146,8 @@ def _train(tmp_path: Path, corpus: Path, name: str, *overrides: str) -> Path:
 def _last_val(run: Path) -> dict[str, float]:
     import csv
 
-    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    with open(next((run / "csv").glob("version_*")) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
     val = [r for r in rows if r.get("val/loss")]
     return {k: float(v) for k, v in val[-1].items() if k.startswith("val/") and v}
 

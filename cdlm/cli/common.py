@@ -7,6 +7,7 @@ before any output file exists).
 
 from __future__ import annotations
 
+import argparse
 import netrc
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, InstantiationException
 from omegaconf import DictConfig, OmegaConf
@@ -112,6 +114,12 @@ def default_wandb_mode() -> None:
         os.environ["WANDB_MODE"] = "offline"
 
 
+def hydra_args() -> argparse.Namespace:
+    """The command line as ``@hydra.main`` parses it (its own parser): the overrides, and flags
+    such as ``-m``, ``--cfg job`` (whose value is not an override) and ``--info``."""
+    return get_args_parser().parse_args(sys.argv[1:])
+
+
 def run(
     prog: str,
     config_name: str,
@@ -123,7 +131,7 @@ def run(
     ``validate`` gets the composed config and the overrides as typed, so it can tell an option
     the user set from one a config group's default set.
     """
-    overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+    overrides = hydra_args().overrides
     try:
         validate(compose_checked(config_name, overrides), overrides)
     except UsageError as e:
@@ -243,7 +251,7 @@ def require_output_file(name: str, value: Any) -> None:
     if value is None:
         return
     path = Path(str(value))
-    if not path.is_absolute() and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+    if not path.is_absolute() and hydra_args().multirun:
         return
     require(not path.is_dir(), f"{name}={value} is a folder; give a file name")
     require(path.parent.is_dir(), f"{name}={value}: the folder {path.parent} does not exist")

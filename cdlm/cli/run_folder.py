@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -17,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cdlm import config_dir
-from cdlm.cli.common import UsageError, require, unwritable
+from cdlm.cli.common import UsageError, hydra_args, require, unwritable
 from cdlm.io import FolderInUse, folder_lock
 
 _EXISTED: set[Path] = set()  # fixed run folders that were there before this command
@@ -61,7 +60,8 @@ def hold(folder: Path):
 def run_dir(overrides: list[str]) -> tuple[Path | None, bool]:
     """(``hydra.run.dir`` as Hydra will resolve it, whether it is fixed): fixed unless it is
     time-stamped (``${now:...}``) or a multirun (one folder per job); None if unknown."""
-    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+    args = hydra_args()
+    if args.multirun or args.cfg or args.info or args.help:  # no run folder is made
         return None, False
     try:
         with initialize_config_dir(str(config_dir()), version_base="1.3"):

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.checkpoint import load_checkpoint, load_network_weights
@@ -24,9 +25,8 @@ from cdlm.cli.common import (
     require_number,
     run,
 )
-from cdlm.cli.run_folder import claim, discard_if_unused
+from cdlm.cli.run_folder import claim, discard_if_unused, hold
 from cdlm.distillation.module import student_of
-from cdlm.io import folder_lock
 from cdlm.training.checkpointing import find_resume, is_whole_checkpoint
 from cdlm.training.guard import Diverged
 from cdlm.training.module import parse_duration
@@ -45,6 +45,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     require_number("data.vocab_size", cfg.data.vocab_size, integer=True, at_least=1)
     require_number("data.val_fraction", cfg.data.val_fraction, above=0, below=1)
     require_bool("data.packing", cfg.data.packing)
+    require_bool("data.streaming", cfg.data.get("streaming", False))
     require_number("condition.dropout", cfg.condition.dropout, at_least=0, at_most=1)
     require_bool("condition.labels", cfg.condition.labels)
     steps, limit = cfg.trainer.max_steps, "(or -1 for no limit)"
@@ -188,7 +189,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 def train(cfg: DictConfig) -> None:
     folder = Path(HydraConfig.get().runtime.output_dir)
-    with folder_lock(folder):  # held since main() when the folder was known up front
+    with hold(folder):  # held since main() when the folder was known up front
         with discard_if_unused(folder):
             trainer, module, data = setup(cfg, folder)
         try:
@@ -221,14 +222,37 @@ def setup(cfg: DictConfig, folder: Path) -> tuple[L.Trainer, L.LightningModule, 
         **extra,
     )
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
-    logger = instantiate(cfg.logger) if cfg.logger else False
+    logger = build_logger(cfg, process)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     n_params = sum(p.numel() for p in module.parameters())
     print(
         f"cdlm-train: {n_params / 1e6:.2f}M parameters, vocab {data.vocab_size}, "
-        f"{len(data.train_set)} train / {len(data.val_set)} val sequences, output {folder}"
+        f"{_count(data.train_set)} train / {_count(data.val_set)} val sequences, output {folder}"
     )
     return trainer, module, data
+
+
+def build_logger(cfg: DictConfig, process: Any) -> Logger | bool:
+    """``cfg.logger`` (False: none). A W&B run gets the resolved config plus ``process_kind``, the
+    built process's class (a teacher's when distilling), so that it records the whole recipe, not
+    only what a sweep set; its group and project come from conf/logger/wandb.yaml."""
+    if not cfg.logger:
+        return False
+    # a partial: ``config`` is instantiate's own first argument, and the _target_s in it are data
+    logger = instantiate(cfg.logger, _partial_=True)
+    if not issubclass(logger.func, WandbLogger):
+        return logger()
+    import wandb  # here, as in Lightning: only runs that log to W&B load it
+
+    if wandb.run is not None:  # an earlier job of this multirun, in this process: not this job's
+        wandb.finish()
+    kind = f"{type(process).__module__}.{type(process).__qualname__}"
+    return logger(config=OmegaConf.to_container(cfg, resolve=True) | {"process_kind": kind})
+
+
+def _count(dataset) -> str:
+    """A dataset's size, or "streamed" for an iterable one (``data.streaming=true``)."""
+    return str(len(dataset)) if hasattr(dataset, "__len__") else "streamed"
 
 
 def resume_path(cfg: DictConfig, folder: Path) -> str | None:

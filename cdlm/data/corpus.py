@@ -89,7 +89,12 @@ def _load_hf(name: str, text_column: str, label_column: str | None, split: str) 
             f"data.path={name!r} is neither a file nor a folder, and the `datasets` package "
             "(needed for Hugging Face dataset names) is not installed"
         ) from None
-    rows = datasets.load_dataset(name, split=split)
+    try:
+        rows = datasets.load_dataset(name, split=split)
+    except (FileNotFoundError, ConnectionError) as e:  # DatasetNotFoundError, or offline
+        raise ValueError(
+            f"data.path={name!r} is not a file, a folder or a reachable dataset: {e}"
+        ) from None
     if text_column not in rows.column_names:
         raise ValueError(f"dataset {name!r} has no column {text_column!r}: {rows.column_names}")
     labels = rows[label_column] if label_column else ["all"] * len(rows)

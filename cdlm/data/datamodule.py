@@ -1,4 +1,5 @@
-"""LightningDataModule: documents -> tokens -> fixed-length sequences with a label each."""
+"""LightningDataModule: documents -> tokens -> fixed-length sequences with a label each, held in
+memory, or with ``streaming`` read as a stream (``data/streaming.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from cdlm.data.corpus import Document, load_documents
-from cdlm.data.order import ResumableLoader, ResumableSampler
+from cdlm.data.order import BatchShards, ResumableLoader, ResumableSampler
+from cdlm.data.streaming import (
+    PackedStream,
+    StreamCorpus,
+    StreamLoader,
+    encode,
+    first_documents,
+    held_out_sequences,
+)
 from cdlm.data.tokenizer import corpus_bpe, pretrained
 
 
@@ -47,6 +56,13 @@ class TextDataModule(L.LightningDataModule):
         seed: the training order's seed (``cdlm-train`` passes its ``seed``); each epoch is a
             fixed shuffle of it, and a checkpoint records how far into the epoch training got, so
             a resumed run sees the batches the uninterrupted run would have (``data/order.py``).
+        streaming: read ``path`` (a Hub dataset, or local json/jsonl/parquet/arrow files) as a
+            stream, never whole (docs/streaming.md). Then ``val_fraction`` is the share of
+            documents held out (by a hash of their text), ``val_sequences`` caps the validation
+            set, the corpus BPE and unigram prior come from the first ``sample_documents``, and
+            there are no labels.
+        subset, split: the Hub dataset's subset (config name) and split.
+        shuffle_buffer: streaming: documents shuffled together in each reader (0: stream order).
     """
 
     def __init__(
@@ -63,6 +79,12 @@ class TextDataModule(L.LightningDataModule):
         text_column: str = "text",
         label_column: str | None = None,
         seed: int = 0,
+        streaming: bool = False,
+        subset: str | None = None,
+        split: str = "train",
+        val_sequences: int = 256,
+        sample_documents: int = 10_000,
+        shuffle_buffer: int = 0,
     ) -> None:
         super().__init__()
         if seq_len < 2:
@@ -77,10 +99,15 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self.text_column, self.label_column = text_column, label_column
         self.seed = seed
+        self.streaming, self.subset, self.split = streaming, subset, split
+        self.val_sequences, self.sample_documents = val_sequences, sample_documents
+        self.shuffle_buffer = shuffle_buffer
         self.order: ResumableSampler | None = None
+        self.stream: PackedStream | None = None  # this rank's, when streaming
+        self.unigram_sample: torch.Tensor | None = None
         self.tokenizer = None
         self.labels: list[str] = []
-        self.train_set: SequenceDataset | None = None
+        self.train_set: SequenceDataset | PackedStream | None = None
         self.val_set: SequenceDataset | None = None
 
     def use_tokenizer(self, tokenizer) -> None:
@@ -94,7 +121,10 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        docs = load_documents(self.path, self.text_column, self.label_column)
+        if self.streaming:
+            self._setup_stream()
+            return
+        docs = load_documents(self.path, self.text_column, self.label_column, self.split)
         if self.tokenizer is None:  # else given by use_tokenizer (e.g. a teacher's)
             self.tokenizer = (
                 pretrained(self.tokenizer_name)
@@ -115,13 +145,53 @@ class TextDataModule(L.LightningDataModule):
             )
         self.train_set, self.val_set = self._dataset(train), self._dataset(val)
 
+    def _setup_stream(self) -> None:
+        for ok, problem in (
+            (self.path is not None, "needs data.path: a Hub dataset or local json/parquet files"),
+            (self.packing, "packs its sequences: data.packing=false is not supported"),
+            (self.label_column is None, "reads no labels: data.label_column must be null"),
+        ):
+            if not ok:
+                raise ValueError(f"data.streaming=true {problem}")
+        for key, value in (
+            ("val_sequences", self.val_sequences),
+            ("sample_documents", self.sample_documents),
+        ):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"data.{key} must be an integer >= 1, got {value!r}")
+        corpus = StreamCorpus(
+            self.path,
+            self.text_column,
+            self.subset,
+            self.split,
+            self.val_fraction,
+            self.shuffle_buffer,
+            self.seed,
+        )
+        sample = first_documents(corpus, self.sample_documents)
+        if not sample:
+            raise ValueError(f"data.path={self.path!r} holds no training document")
+        if self.tokenizer is None:
+            self.tokenizer = (
+                pretrained(self.tokenizer_name)
+                if self.tokenizer_name
+                else corpus_bpe(
+                    [Document(t, "") for t in sample], self.vocab_size_target, self.cache_dir
+                )
+            )
+        ids = [i for doc in encode(self.tokenizer, sample) for i in doc]
+        self.unigram_sample = torch.tensor(ids, dtype=torch.long)
+        val = held_out_sequences(corpus, self.tokenizer, self.seq_len, self.val_sequences)
+        self.val_set = SequenceDataset(val, torch.zeros(len(val), dtype=torch.long))
+        self.train_set = PackedStream(corpus, self.tokenizer, self.seq_len, self.batch_size)
+
     def _sequences(self, doc: Document) -> list[list[int]]:
-        tok, eos = self.tokenizer, self.tokenizer.eos_token_id
-        paragraphs = tok(doc.text.split("\n"), add_special_tokens=False)["input_ids"]
         n = self.seq_len
         if self.packing:
-            stream = [i for p in paragraphs for i in [*p, eos]]
+            stream = encode(self.tokenizer, [doc.text])[0]
             return [stream[k : k + n] for k in range(0, len(stream) - n + 1, n)]
+        tok, eos = self.tokenizer, self.tokenizer.eos_token_id
+        paragraphs = tok(doc.text.split("\n"), add_special_tokens=False)["input_ids"]
         pad = tok.pad_token_id
         return [(p[: n - 1] + [eos] + [pad] * n)[:n] for p in paragraphs if p]
 
@@ -133,10 +203,14 @@ class TextDataModule(L.LightningDataModule):
 
     def log_unigram(self) -> torch.Tensor:
         """(V,) log-frequencies of the training tokens (add-one smoothed): the no-context
-        readout that training diagnostics compare the model against."""
-        tokens = self.train_set.tokens.flatten()
-        if self.train_set.pad_id is not None:
-            tokens = tokens[tokens != self.train_set.pad_id]
+        readout that training diagnostics compare the model against. Streamed: of the first
+        ``sample_documents`` training documents."""
+        if self.streaming:
+            tokens = self.unigram_sample
+        else:
+            tokens = self.train_set.tokens.flatten()
+            if self.train_set.pad_id is not None:
+                tokens = tokens[tokens != self.train_set.pad_id]
         counts = torch.bincount(tokens, minlength=self.vocab_size)
         counts = counts.double() + 1.0
         return (counts / counts.sum()).log().float()
@@ -147,23 +221,39 @@ class TextDataModule(L.LightningDataModule):
             "drop_last": True,
             "num_workers": self.num_workers,
         }
-        if self.trainer is not None and self.trainer.world_size > 1:
-            # Lightning gives each process a DistributedSampler, which does not resume mid-epoch
-            return DataLoader(self.train_set, shuffle=True, **options)
+        if self.streaming:
+            if self.stream is None:  # this rank's share, from the start (or a checkpoint's state)
+                self.stream = self.train_set.shard(*self._rank())
+            return StreamLoader(self.stream, **options)
         if self.order is None:  # one order for the whole fit, whatever reloads the loader
-            self.order = ResumableSampler(len(self.train_set), self.seed)
+            rank, world = self._rank()
+            self.order = ResumableSampler(
+                len(self.train_set), self.seed, rank, world, self.batch_size
+            )
         return ResumableLoader(self.train_set, sampler=self.order, **options)
+
+    def _rank(self) -> tuple[int, int]:
+        """(global rank, world size) of this process: (0, 1) outside a distributed fit."""
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
 
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         # Lightning calls this for the batch about to be trained on (the one fetched ahead is not
         # counted yet), so the saved position is the first sequence not yet seen.
         if self.order is not None and self.trainer is not None and self.trainer.training:
-            self.order.taken += len(batch["tokens"])
+            self.order.taken += len(batch["tokens"]) * self.trainer.world_size  # all ranks' share
+        if self.stream is not None and self.trainer is not None and self.trainer.training:
+            self.stream.taken += len(batch["tokens"])  # this rank's own: no rank shares a stream
         return batch
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":  # a later fit starts its own order (a resumed one loads its state)
-            self.order = None
+            self.order = self.stream = None
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
+        rank, world = self._rank()
+        # several processes: whole batches of the one-process batching, none repeated
+        shards = BatchShards(len(self.val_set), self.batch_size, rank, world) if world > 1 else None
+        return DataLoader(
+            self.val_set, batch_size=self.batch_size, sampler=shards, num_workers=self.num_workers
+        )

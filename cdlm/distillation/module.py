@@ -22,7 +22,7 @@ from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.distillation.targets import halvings
 from cdlm.guidance import WithLabel, drop_labels
 from cdlm.training.ema import averaged_copy
-from cdlm.training.module import log_validation, validation_generator
+from cdlm.training.module import ValidationMeans, validation_generator
 from cdlm.training.phases import budget_progress
 
 
@@ -86,6 +86,7 @@ class Distillation(L.LightningModule):
         target = averaged_copy(network, ema_decay) if method.uses_ema_target else None
         object.__setattr__(self, "ema_target", target)
         self.base_config = model_config or {}
+        self.val_means = ValidationMeans()
 
     @property
     def steps(self) -> int:
@@ -134,7 +135,10 @@ class Distillation(L.LightningModule):
         out = self.method.loss(
             self.process, student, teacher, batch, self.steps, generator, **extra
         )
-        log_validation(self, {"val/loss": out.loss})
+        self.val_means.update({"val/loss": out.loss}, len(batch["tokens"]))
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_means.log(self)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         progress = budget_progress(self.trainer)

@@ -81,6 +81,9 @@ class ModelFolder(L.Callback):
             finally:
                 process.train(modes[0]), network.train(modes[1])
             metrics = bound_facts(bound, f"at the end of training (step {trainer.global_step})")
+            for logger in trainer.loggers:  # the one figure every process reports alike
+                final = {"final/bits_per_token": bound["bits_per_token"]}
+                logger.log_metrics(final, step=trainer.global_step)
             metrics["source"] = "cdlm-train (final weights)"
         facts = model.card_facts() | {"training": self.training_facts(trainer), "metrics": metrics}
         write_companions(self.folder, model.config, model.tokenizer, facts)
