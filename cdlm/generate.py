@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
@@ -38,9 +39,11 @@ class Generation:
     wall_seconds: float
 
 
-def named_sampler(name: str) -> Callable:
-    """The sampler of ``conf/sampler/<name>.yaml``, with its default options."""
-    return instantiate(OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml"))
+def named_sampler(name: str, **options: Any) -> Callable:
+    """The sampler of ``conf/sampler/<name>.yaml``, its options merged with ``options``."""
+    return instantiate(
+        OmegaConf.merge(OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml"), options)
+    )
 
 
 def default_sampler(process: nn.Module) -> Callable:

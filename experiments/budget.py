@@ -28,15 +28,13 @@ import time
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from cdlm import config_dir
 from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.context import context_ceiling, context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.oracle import bigram_transition
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generate import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 
@@ -114,11 +112,6 @@ def last_step(run_dir: Path) -> int:
     return max(steps) + 1 if steps else 0
 
 
-def sampler(config: str, options: dict):
-    cfg = OmegaConf.load(config_dir() / "sampler" / f"{config}.yaml")
-    return instantiate(OmegaConf.merge(cfg, options))
-
-
 def context_tables(ckpt: str) -> dict:
     """Diffusion models: context use per level beside the bigram oracle; gaussian: the ceiling."""
     model = load_checkpoint(ckpt)
@@ -139,7 +132,7 @@ def evaluate(name: str, ckpt: str, args: argparse.Namespace, scorer) -> dict:
     for i, (label, config, options, steps, temperature, grid) in enumerate(SAMPLERS[name]):
         report = evaluate_checkpoint(
             ckpt,
-            sampler(config, options),
+            named_sampler(config, **options),
             steps=steps,
             num_samples=args.num_samples,
             seed=0,

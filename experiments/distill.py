@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from cdlm import config_dir
 from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generate import named_sampler
 from cdlm.io import atomic_write_text
 
 TEACHER_STEPS = (128, 64, 16, 8, 4, 2, 1)
@@ -38,14 +37,6 @@ PLAN = {
     "masked": ("distill_sdtt", 64, [("ancestral", "ancestral", {})]),
 }
 STUDENT_SAMPLER = {"gaussian": ("ddim", {}), "masked": ("ancestral", {})}
-
-
-def sampler(name: str, options: dict):
-    from hydra.utils import instantiate
-
-    return instantiate(
-        OmegaConf.merge(OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml"), options)
-    )
 
 
 def budget(minutes: float | None, steps: int | None) -> list[str]:
@@ -119,7 +110,7 @@ def row(
 ) -> dict:
     report = evaluate_checkpoint(
         ckpt,
-        sampler(config, options),
+        named_sampler(config, **options),
         steps=steps,
         num_samples=args.num_samples,
         seed=0,

@@ -15,18 +15,11 @@ import json
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from cdlm import config_dir
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generate import named_sampler
 from cdlm.io import atomic_write_text
-
-
-def sampler(name: str, **options):
-    cfg = OmegaConf.load(config_dir() / "sampler" / f"{name}.yaml")
-    return instantiate(OmegaConf.merge(cfg, options))
 
 
 def main() -> None:
@@ -41,9 +34,9 @@ def main() -> None:
     cpu, runs = torch.device("cpu"), Path(args.runs)
     scorer = load_scorer()
     plan = [
-        ("autoregressive", sampler("ar", stop_at_eos=False), 1),
-        ("masked", sampler("ancestral"), args.masked_steps),
-        ("gaussian", sampler("ddpm"), args.gaussian_steps),
+        ("autoregressive", named_sampler("ar", stop_at_eos=False), 1),
+        ("masked", named_sampler("ancestral"), args.masked_steps),
+        ("gaussian", named_sampler("ddpm"), args.gaussian_steps),
     ]
     quality, speed = {}, {}
     for process, fn, steps in plan:

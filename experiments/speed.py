@@ -18,15 +18,12 @@ import json
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from cdlm import config_dir
 from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import text_quality, val_bits_per_token
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
-from cdlm.generate import decode
+from cdlm.generate import decode, named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.regions import build_canvas, prompt_template
@@ -71,11 +68,6 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
     return rows
 
 
-def sampler(config: str, options: dict):
-    cfg = OmegaConf.load(config_dir() / "sampler" / f"{config}.yaml")
-    return instantiate(OmegaConf.merge(cfg, options))
-
-
 def prompt_canvas(model, tokens: int):
     """The first ``tokens`` tokens of the first val sequence as a prompt on a full canvas."""
     ids = validation_tokens(model)[0, :tokens].tolist()
@@ -89,7 +81,7 @@ def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prom
     canvas = prompt_canvas(model, args.prompt_tokens) if prompt else None
     speed = measure(
         model,
-        sampler(config, options),
+        named_sampler(config, **options),
         args.repeats,
         steps=steps,
         num_samples=batch,
