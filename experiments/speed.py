@@ -29,6 +29,10 @@ from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.regions import build_canvas, prompt_template
 
 THRESHOLD = "cdlm.samplers.masked_steps.step_threshold"
+ENTROPY_BOUNDED = "cdlm.samplers.masked_steps.step_entropy_bounded"
+# A cap on the guarded rows' steps per block, not a cost: each step commits at least one token
+# and a decided block stops, so a block of 4 takes at most 4 network passes whatever the cap.
+GUARD_STEPS = 16
 
 
 def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
@@ -42,14 +46,16 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
             rows.append(
                 (f"{key}, {k} step(s)/block, cache", key, "block", {"steps_per_block": k}, 1, 1.0)
             )
-        for tau in (0.9, 0.7):
-            step = {"_target_": THRESHOLD, "_partial_": True, "threshold": tau}
+        guards = [("threshold", THRESHOLD, "threshold", tau) for tau in (0.9, 0.7)]
+        guards += [("entropy-bounded", ENTROPY_BOUNDED, "gamma", g) for g in (0.5, 2.0)]
+        for label, target, key_name, value in guards:
+            step = {"_target_": target, "_partial_": True, key_name: value}
             rows.append(
                 (
-                    f"{key}, threshold {tau}, cache",
+                    f"{key}, {label} {value}, cache",
                     key,
                     "block",
-                    {"step": step, "steps_per_block": 4, "temperature": 0.0},
+                    {"step": step, "steps_per_block": GUARD_STEPS, "temperature": 0.0},
                     1,
                     0.0,
                 )

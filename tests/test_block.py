@@ -12,8 +12,13 @@ from cdlm.processes.block import BlockProcess, vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
 from cdlm.samplers.blockwise import sample_block
-from cdlm.samplers.masked import sample_ancestral, sample_threshold, sample_topk
-from cdlm.samplers.masked_steps import Interval, step_threshold
+from cdlm.samplers.masked import (
+    sample_ancestral,
+    sample_entropy_bounded,
+    sample_threshold,
+    sample_topk,
+)
+from cdlm.samplers.masked_steps import Interval, step_entropy_bounded, step_threshold
 from cdlm.schedules import LogLinearMaskSchedule
 
 V, MASK, EOS = 12, 11, 0
@@ -122,6 +127,7 @@ class Oracle:
         (sample_block, {"cache": "prefix"}),
         (sample_block, {"cache": "none"}),
         (sample_block, {"cache": "prefix", "step": step_threshold, "threshold": 0.9}),
+        (sample_block, {"cache": "prefix", "step": step_entropy_bounded, "gamma": 1.0}),
         (sample_block, {"cache": "prefix", "steps_per_block": 1}),
     ],
 )
@@ -140,7 +146,9 @@ def test_block_samplers_return_the_data_with_an_oracle(sampler, options):
     assert torch.equal(out.tokens, truth)
 
 
-@pytest.mark.parametrize("sampler", [sample_ancestral, sample_topk, sample_threshold])
+@pytest.mark.parametrize(
+    "sampler", [sample_ancestral, sample_topk, sample_threshold, sample_entropy_bounded]
+)
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_masked_cached_samplers_return_the_data_with_an_oracle(sampler, cache):
     process = MaskedProcess(V, MASK, EOS)
@@ -204,6 +212,35 @@ def test_threshold_commits_at_least_one_and_never_changes_a_commit():
     new = step_threshold(x, logp, x == MASK, iv, g, threshold=0.99)
     assert torch.equal(new[:, :2], x[:, :2])
     assert bool(((new != MASK).sum(-1) >= 3).all())
+
+
+def test_entropy_bounded_commits_the_surest_within_the_budget_and_never_changes_a_commit():
+    """Hand-built entropies at four open positions: 0, ~0.2, ~0.7 and log 5 nats. The summed
+    entropy less the largest, prefix by prefix (lowest first), is 0, 0, 0.2, 0.9: gamma = 0
+    already takes two (a certain token costs nothing), just under 0.2 two, just over three."""
+    x = torch.full((1, 6), MASK)
+    x[0, :2] = 5  # committed before: never changed
+    rows = [
+        torch.tensor([0.0, -math.inf, -math.inf, -math.inf, -math.inf]),  # entropy 0
+        torch.tensor([0.0, -3.0, -3.0, -math.inf, -math.inf]),  # ~0.2
+        torch.tensor([0.0, -0.5, -1.0, -math.inf, -math.inf]),  # ~0.7 (well under 1.6)
+        torch.zeros(5),  # log 5 = 1.61
+    ]
+    logp = torch.full((1, 6, V), -math.inf, dtype=torch.float64)
+    for i, r in enumerate(rows):
+        logp[0, 2 + i, :5] = r.double().log_softmax(-1)
+    entropy = torch.special.entr(logp[0, 2:].exp()).sum(-1)
+    assert entropy.argsort().tolist() == [0, 1, 2, 3]
+    cum = entropy.cumsum(0) - entropy  # summed entropy less the largest, prefix by prefix
+    iv = Interval(t=1.0, s=0.5, steps_left=3, p_reveal=0.5)
+    for gamma, count in [(0.0, 2), (float(cum[2]) - 1e-9, 2), (float(cum[2]) + 1e-9, 3), (9, 4)]:
+        g = torch.Generator().manual_seed(0)
+        new = step_entropy_bounded(x, logp, x == MASK, iv, g, gamma=gamma)
+        assert torch.equal(new[:, :2], x[:, :2])
+        decided = (new[0, 2:] != MASK).tolist()
+        assert decided == [True] * count + [False] * (4 - count), gamma
+    last = Interval(t=0.5, s=0.0, steps_left=1, p_reveal=1.0)
+    assert bool((step_entropy_bounded(x, logp, x == MASK, last, g, gamma=0.0) != MASK).all())
 
 
 def test_cache_choices_that_do_not_fit_are_refused():

@@ -188,6 +188,7 @@ CASES: dict[str, Case] = {
     # golden tokens, would hang on rounding.
     "confidence": Case("masked", per_step, per_step),
     "threshold": Case("masked", steps_until_decided, steps_until_decided),
+    "entropy_bounded": Case("masked", steps_until_decided, steps_until_decided),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
     "block": Case("block", steps_and_cached_blocks, steps_until_decided),
 }
@@ -202,6 +203,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("block", {"cache": "none"}),  # the clean past recomputed in every call
     ("ancestral", {"block_length": 4, "cache": "prefix"}),  # Fast-dLLM's approximate caches
     ("threshold", {"block_length": 4, "cache": "dual"}),
+    ("entropy_bounded", {"block_length": 4, "cache": "prefix"}),
     ("confidence", {"block_length": 4, "cache": "dual", "refresh": 1}),
 ]
 

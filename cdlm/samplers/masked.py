@@ -19,6 +19,7 @@ from cdlm.samplers.masked_steps import (  # noqa: F401  (re-exported: the step f
     finished_at_eos,
     penalise_repeats,
     step_ancestral,
+    step_entropy_bounded,
     step_threshold,
     step_topk,
 )
@@ -154,3 +155,4 @@ sample_ancestral = _sampler("ancestral", step_ancestral)
 sample_cached_ancestral = _sampler("cached_ancestral", step_ancestral, skip_unchanged=True)
 sample_topk = _sampler("confidence", step_topk)
 sample_threshold = _sampler("threshold", step_threshold)
+sample_entropy_bounded = _sampler("entropy_bounded", step_entropy_bounded)

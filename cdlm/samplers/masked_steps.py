@@ -82,6 +82,29 @@ def step_threshold(
     return torch.where(chosen, proposal, x)
 
 
+def step_entropy_bounded(
+    x: Tensor,
+    logp: Tensor,
+    open_: Tensor,
+    iv: Interval,
+    generator,
+    temperature: float = 0.0,
+    gamma: float = 1.0,
+) -> Tensor:
+    """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025): order the open positions by
+    the entropy of their prediction, lowest first, and commit the longest prefix whose summed
+    entropy minus its largest stays within ``gamma`` nats. Drawing several tokens at once from
+    their marginals errs by at most their mutual dependence, which that sum bounds, so the step
+    commits many tokens where the model is sure and one where it is not (always at least one;
+    the last step of a block commits everything left). Entropies in float64."""
+    proposal = sample_categorical(logp, generator, temperature)
+    entropy = torch.special.entr(logp.double().exp()).sum(-1).masked_fill(~open_, torch.inf)
+    ascending, order = entropy.sort(-1)
+    within = (ascending.cumsum(-1) - ascending) <= gamma  # the first open one: 0 <= gamma
+    chosen = open_ & (torch.zeros_like(open_).scatter_(-1, order, within) | (iv.steps_left == 1))
+    return torch.where(chosen, proposal, x)
+
+
 def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
     """Lowers by ``penalty`` nats the log-probability of each position's decided left and right
     neighbour tokens, then renormalises: a guard against the runs of one token (", , ,", "the
