@@ -81,7 +81,8 @@ def _loop(
         if b < length and rest_open and finished_at_eos(x, b, eos_id, mask_id):
             x = x.masked_fill(x == mask_id, eos_id)
             break
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=nfe * length)
+    net_len = getattr(denoiser, "network_length", lambda n: n)(length)  # + a BOS when shifted
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=nfe * net_len)
 
 
 def _sampler(name: str, step, skip_unchanged: bool = False):
