@@ -125,6 +125,63 @@ def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prom
     return row
 
 
+def goals(report: dict) -> list[str]:
+    """The issue's goals, checked on the no-prompt rows: the fastest diffusion row whose gen-PPL
+    is within 1.10x AR's at T = 1 and whose entropy is at least 0.95x AR's, against AR's tokens/s
+    (>= 3x at batch 1, >= 1x at batch 16); and the block-diffusion bound against the AR NLL
+    (<= 1.10x)."""
+    rows = [r for r in report["rows"] if r["prompt_tokens"] == 0 and r.get("gen_ppl")]
+    out = []
+    for batch, target in ((1, 3.0), (16, 1.0)):
+        ar = next(
+            (r for r in rows if r["batch"] == batch and r["name"] == "AR, KV cache, T=1"), None
+        )
+        if ar is None:
+            continue
+        diffusion = [r for r in rows if r["batch"] == batch and r["process"] != "autoregressive"]
+        fair = [
+            r
+            for r in diffusion
+            if r["gen_ppl"] <= 1.10 * ar["gen_ppl"] and r["entropy"] >= 0.95 * ar["entropy"]
+        ]
+        fastest = max(diffusion, key=lambda r: r["tokens_per_s_median"], default=None)
+        best = max(fair, key=lambda r: r["tokens_per_s_median"], default=None)
+        head = f"- Batch {batch} (goal: >= {target:g}x AR's tokens/s at matched quality): "
+        if best is not None:
+            speed = best["tokens_per_s_median"] / ar["tokens_per_s_median"]
+            verdict = "met" if speed >= target else f"not met, short by {target / speed:.1f}x"
+            out.append(
+                head + f"the fastest row within 1.10x AR's gen-PPL and 0.95x its entropy is "
+                f"`{best['name']}` at {speed:.2f}x AR ({verdict})."
+            )
+        else:
+            out.append(
+                head + "not met: no diffusion row is within 1.10x AR's gen-PPL and 0.95x "
+                "its entropy."
+            )
+        if fastest is not None:
+            out.append(
+                f"  The fastest diffusion row at any quality, `{fastest['name']}`, runs at "
+                f"{fastest['tokens_per_s_median'] / ar['tokens_per_s_median']:.2f}x AR with "
+                f"gen-PPL {fastest['gen_ppl'] / ar['gen_ppl']:.2f}x and entropy "
+                f"{fastest['entropy'] / ar['entropy']:.2f}x AR's."
+            )
+    kinds = {r["ckpt"]: r["process"] for r in report["rows"]}
+    nll = [
+        b["bits_per_token"] for c, b in report["bounds"].items() if kinds.get(c) == "autoregressive"
+    ]
+    for ckpt, b in report["bounds"].items():
+        if kinds.get(ckpt) == "block" and nll:
+            ratio = b["bits_per_token"] / nll[0]
+            verdict = "met" if ratio <= 1.10 else "not met"
+            out.append(
+                f"- Likelihood: the block-diffusion bound is {ratio:.3f}x the AR NLL "
+                f"({b['bits_per_token']:.3f} against {nll[0]:.3f} bits/token; goal <= 1.10x: "
+                f"{verdict})."
+            )
+    return out
+
+
 def markdown(report: dict) -> str:
     lines = [
         "# Decoding speed against quality on 2 CPU cores",
@@ -148,6 +205,7 @@ def markdown(report: dict) -> str:
             f"{first} | {r['peak_memory_mb']:.0f} | {ppl} | {ent} | "
             f"{'' if bound is None else f'{bound:.3f}'} |"
         )
+    lines += ["", "## Goals, checked by the script", "", *goals(report)]
     return "\n".join(lines) + "\n"
 
 
