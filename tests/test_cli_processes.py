@@ -21,7 +21,8 @@ def test_masked_model_samples(tiny_masked_checkpoint, tmp_path, sampler):
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(records) == 2 and records[0]["sampler"] == sampler
-    assert 1 <= records[0]["nfe"] <= 8 and records[0]["positions"] == records[0]["nfe"] * 16
+    # the tiny masked recipe predicts shifted (an AR phase): its network also runs a BOS position
+    assert 1 <= records[0]["nfe"] <= 8 and records[0]["positions"] == records[0]["nfe"] * 17
 
 
 def test_masked_block_sampling_from_the_cli(tiny_masked_checkpoint, tmp_path):
@@ -55,7 +56,11 @@ def test_ar_model_samples_with_kv_cache(tiny_ar_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     "ckpt, sampler, fits",
     [
-        ("tiny_masked_checkpoint", "ddpm", "ancestral, cached_ancestral, confidence, threshold"),
+        (
+            "tiny_masked_checkpoint",
+            "ddpm",
+            "ancestral, cached_ancestral, confidence, entropy_bounded, threshold",
+        ),
         ("tiny_ar_checkpoint", "confidence", "use one of: ar"),
         ("tiny_checkpoint", "ar", "ddim, ddpm"),
     ],
