@@ -23,7 +23,13 @@ from torch import Tensor
 
 from cdlm.denoiser import Denoiser, Prediction
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
-from cdlm.samplers.masked_steps import Interval, blocks_of, finished_at_eos, step_ancestral
+from cdlm.samplers.masked_steps import (
+    Interval,
+    blocks_of,
+    finished_at_eos,
+    network_length,
+    step_ancestral,
+)
 
 CACHES = ("none", "prefix", "dual")
 
@@ -56,7 +62,7 @@ def cached_loop(
         raise ValueError(f"refresh must be >= 1 steps, got {refresh}")
     length, mask_id, keep = x.shape[1], process.mask_id, process.schedule.keep
     exact = getattr(process, "block_size", None) is not None
-    net_len = getattr(denoiser, "network_length", lambda n: n)(length)
+    net_len = network_length(denoiser, length)
     blocks = blocks_of(length, block_length)
     grid = _grid(timesteps, len(blocks), steps_per_block)
     kv = denoiser.network.new_cache() if cache != "none" else None

@@ -17,6 +17,7 @@ from cdlm.samplers.masked_steps import (  # noqa: F401  (re-exported: the step f
     Interval,
     blocks_of,
     finished_at_eos,
+    network_length,
     penalise_repeats,
     step_ancestral,
     step_entropy_bounded,
@@ -81,8 +82,8 @@ def _loop(
         if b < length and rest_open and finished_at_eos(x, b, eos_id, mask_id):
             x = x.masked_fill(x == mask_id, eos_id)
             break
-    net_len = getattr(denoiser, "network_length", lambda n: n)(length)  # + a BOS when shifted
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=nfe * net_len)
+    positions = nfe * network_length(denoiser, length)
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=positions)
 
 
 def _sampler(name: str, step, skip_unchanged: bool = False):
