@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from cdlm.checkpoint import Model
 from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.hub import write_companions
-from cdlm.training.scaling import whole_model
+from cdlm.training.scaling import batch_sizes, whole_model
 
 
 def bound_facts(bound: dict, what: str) -> dict:
@@ -53,9 +53,7 @@ class ModelFolder(L.Callback):
 
     def training_facts(self, trainer: L.Trainer) -> dict:
         data = trainer.datamodule
-        batch_tokens = (
-            data.batch_size * data.seq_len * trainer.world_size * trainer.accumulate_grad_batches
-        )
+        batch_tokens = batch_sizes(trainer, data.batch_size, data.seq_len)["batch/global_tokens"]
         return {
             "command": " ".join(["cdlm-train", *self.overrides]),
             "steps": trainer.global_step,

@@ -57,15 +57,11 @@ def whole_model(trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[nn.Mo
     return parts
 
 
-def batch_report(trainer: L.Trainer, per_device: int, seq_len: int) -> dict[str, int]:
+def batch_sizes(trainer: L.Trainer, per_device: int, seq_len: int) -> dict[str, int]:
     """The per-device and the global batch (sequences per optimizer step over all processes and
-    accumulated micro-batches), printed once and returned for the logger's hyperparameters."""
+    accumulated micro-batches), as the logger's hyperparameters and the model card state them."""
     processes, accumulate = trainer.world_size, trainer.accumulate_grad_batches
     global_batch = per_device * processes * accumulate
-    rank_zero_info(
-        f"cdlm-train: batch {per_device} per device x {processes} process(es) x {accumulate} "
-        f"accumulated = {global_batch} sequences ({global_batch * seq_len} tokens) per step"
-    )
     return {
         "batch/per_device": per_device,
         "batch/processes": processes,
@@ -73,3 +69,14 @@ def batch_report(trainer: L.Trainer, per_device: int, seq_len: int) -> dict[str,
         "batch/global": global_batch,
         "batch/global_tokens": global_batch * seq_len,
     }
+
+
+def batch_report(trainer: L.Trainer, per_device: int, seq_len: int) -> dict[str, int]:
+    """``batch_sizes``, printed once."""
+    b = batch_sizes(trainer, per_device, seq_len)
+    rank_zero_info(
+        f"cdlm-train: batch {per_device} per device x {b['batch/processes']} process(es) x "
+        f"{b['batch/accumulate']} accumulated = {b['batch/global']} sequences "
+        f"({b['batch/global_tokens']} tokens) per step"
+    )
+    return b
