@@ -101,3 +101,18 @@ def tiny_masked_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
 @pytest.fixture(scope="session")
 def tiny_ar_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     return train_tiny(tmp_path_factory, tiny_corpus, "process=autoregressive")
+
+
+def draw(model, *, sampler=None, **options):
+    """``cdlm.generate.generate`` from a loaded ``Model``: its process's default sampler (unless
+    ``sampler``) and its own sequence length."""
+    from cdlm.generate import default_sampler, generate
+
+    return generate(
+        model.process,
+        model.network,
+        model.tokenizer,
+        sampler or default_sampler(model.process),
+        seq_len=model.config["seq_len"],
+        **options,
+    )

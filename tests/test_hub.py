@@ -10,26 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import draw, run_cli
 from transformers import AutoTokenizer
 
 import cdlm
 from cdlm import hub
 from cdlm.checkpoint import CheckpointError, load_checkpoint
-from cdlm.generate import default_sampler, generate
 
 
 def samples(model, seed: int = 3) -> list[list[int]]:
-    gen = generate(
-        model.process,
-        model.network,
-        model.tokenizer,
-        default_sampler(model.process),
-        steps=4,
-        num_samples=3,
-        seq_len=model.config["seq_len"],
-        seed=seed,
-    )
+    gen = draw(model, steps=4, num_samples=3, seed=seed)
     return [s.token_ids for s in gen.samples]
 
 

@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import draw
 
 from cdlm.checkpoint import load_checkpoint
-from cdlm.generate import default_sampler, generate
 from cdlm.legacy import upgrade_process
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
@@ -18,16 +18,7 @@ def test_old_model_files_sample_as_before(kind):
     """tests/data/legacy/*.safetensors: 2-step models trained by commit 683937b (AR phase and
     all); samples.json: what its cdlm-sample drew from them at steps=4 seed=0."""
     model = load_checkpoint(LEGACY / f"{kind}.safetensors")
-    gen = generate(
-        model.process,
-        model.network,
-        model.tokenizer,
-        default_sampler(model.process),
-        steps=4,
-        num_samples=2,
-        seq_len=model.config["seq_len"],
-        seed=0,
-    )
+    gen = draw(model, steps=4, num_samples=2, seed=0)
     expected = json.loads((LEGACY / "samples.json").read_text())[kind]
     assert [s.token_ids for s in gen.samples] == expected
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import draw, run_cli
 
 from cdlm.checkpoint import load_checkpoint
 from cdlm.denoiser import Prediction
-from cdlm.generate import default_sampler, generate
 from cdlm.guidance import NO_LABEL, Guidance, Guided
 from cdlm.regions import build_canvas, prompt_template
 
@@ -94,14 +93,10 @@ class BlindGuidance(Guidance):
 
 
 def sample(model, guidance, canvas, seed: int = 2) -> tuple[list[list[int]], int]:
-    gen = generate(
-        model.process,
-        model.network,
-        model.tokenizer,
-        default_sampler(model.process),
+    gen = draw(
+        model,
         steps=6,
         num_samples=3,
-        seq_len=model.config["seq_len"],
         seed=seed,
         guidance=guidance,
         canvas=canvas,
