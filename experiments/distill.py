@@ -305,22 +305,26 @@ def main() -> None:
         )
         distilled[process] = d
         config, options = STUDENT_SAMPLER[process]
+        students = {int(k): v for k, v in d["students"].items()}  # JSON keys are strings
+        last = min(students, default=None)  # the last round's student, also at fewer steps
         for steps in STUDENT_STEPS:
-            if steps in d["students"]:
-                rows.append(
-                    row(
-                        process,
-                        "student",
-                        module.removeprefix("distill_"),
-                        d["students"][steps],
-                        config,
-                        config,
-                        options,
-                        steps,
-                        args,
-                        scorer,
-                    )
+            trained = steps if steps in students else last
+            if trained is None or (steps not in students and steps > last):
+                continue
+            rows.append(
+                row(
+                    process,
+                    "student",
+                    module.removeprefix("distill_"),
+                    students[trained],
+                    config if trained == steps else f"{config}, the {trained}-step student",
+                    config,
+                    options,
+                    steps,
+                    args,
+                    scorer,
                 )
+            )
     report = {
         "command": "python " + " ".join(sys.argv),
         "num_samples": args.num_samples,
