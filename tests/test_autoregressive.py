@@ -119,3 +119,33 @@ def test_sampling_can_fill_the_whole_canvas_past_eos():
         temperature=3.0,
     )
     assert out.nfe == 12 and out.positions == 12
+
+
+def test_a_prompt_is_prefilled_in_one_call():
+    """With the cache, the fixed prompt costs one network call (positions: the prompt and each
+    new token once); greedy samples equal the uncached token-by-token reference."""
+    net = causal_net()
+    process = AutoregressiveProcess(vocab_size=V, bos_id=BOS)
+    prompt = torch.tensor([[3, 4, 5, 6, 7], [1, 2, 3, 4, 5]])
+    ids = torch.cat([prompt, torch.zeros(2, 7, dtype=torch.long)], 1)
+    editable = torch.arange(12).expand(2, -1) >= 5
+    outs = []
+    for use_cache in (True, False):
+        den = process.hold_fixed(process.make_denoiser(net), ids, editable, None)
+        x = process.prior((2, 12), torch.device("cpu"), None)
+        outs.append(
+            sample_ar(
+                den,
+                x,
+                uniform_grid(1),
+                process=process,
+                temperature=0.0,
+                use_cache=use_cache,
+                stop_at_eos=False,
+            )
+        )
+    cached, uncached = outs
+    assert torch.equal(cached.tokens, uncached.tokens)
+    assert torch.equal(cached.tokens[:, :5], prompt)
+    assert cached.nfe == 12 - 4 and uncached.nfe == 12  # one prefill of BOS + 4 prompt tokens
+    assert cached.positions == 12

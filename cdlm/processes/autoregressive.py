@@ -125,6 +125,12 @@ class ForcePrefix(Wrapper):
     def __init__(self, denoiser, ids: Tensor, fixed: Tensor) -> None:
         self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
 
+    def known_prefix(self) -> Tensor:
+        """The leading positions fixed in every row, (B, P): a KV-cached sampler feeds them in
+        one call (prefill) instead of one call per prompt token."""
+        length = int(self.fixed.long().cumprod(1).sum(1).min())
+        return self.ids[:, :length]
+
     def __call__(self, tokens: Tensor, t=None, self_cond=None, cache=None, **kw) -> Prediction:
         done = cache[0].length if cache is not None and len(cache) else 0
         pred = self.denoiser(tokens, t, self_cond, cache=cache, **kw)

@@ -24,9 +24,10 @@ def sample_ar(
     stop_at_eos: bool = True,
 ) -> SampleOutput:
     """Ancestral sampling, one token per network call; ``timesteps`` is ignored (the sequence
-    length sets the number of calls). With ``use_cache`` each call feeds one new position and attends to the
-    cached keys/values (positions processed = tokens made); without it every call reruns the
-    whole prefix (the reference the cache is tested against). With ``stop_at_eos`` it stops once
+    length sets the number of calls). With ``use_cache`` each call feeds one new position and
+    attends to the cached keys/values (positions processed = tokens made), after one prefill call
+    over a fixed prompt (the denoiser's ``known_prefix``, from ``hold_fixed``); without it every
+    call reruns the whole prefix (the reference the cache is tested against). With ``stop_at_eos`` it stops once
     every row has produced EOS (the process's BOS id, which is the tokenizer's EOS) and later
     positions become EOS; without, it fills the whole canvas (EOS then separates paragraphs, as in
     packed training data)."""
@@ -35,11 +36,16 @@ def sample_ar(
     cache = denoiser.network.new_cache() if use_cache else None
     step_input = torch.full((batch, 1), eos, dtype=torch.long, device=x.device)
     done = torch.zeros(batch, dtype=torch.bool, device=x.device)
-    positions, pred, i = 0, None, -1
-    for i in range(length):
+    positions, pred, i, first = 0, None, -1, 0
+    prompt = getattr(denoiser, "known_prefix", None)
+    if use_cache and prompt is not None:  # prefill: the prompt but its last token in one call
+        first = max(prompt().shape[1] - 1, 0)
+        x[:, :first] = prompt()[:, :first]
+        step_input = torch.cat([step_input, x[:, :first]], 1)
+    for i in range(first, length):
         if use_cache:
             pred = denoiser(step_input, cache=cache)
-            positions += 1
+            positions += step_input.shape[1]
         else:
             pred = denoiser(denoiser.shift(x)[:, : i + 1])
             positions += i + 1
@@ -56,4 +62,4 @@ def sample_ar(
         if done.all():
             x[:, i + 1 :] = eos
             break
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=i + 1, positions=positions)
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=i + 1 - first, positions=positions)
