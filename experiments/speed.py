@@ -48,9 +48,10 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
             )
         # Fast-dLLM's setting (greedy proposals, T = 0) and the same guards over sampled
         # proposals (T = 1), which keep AR-like entropy where greedy decoding collapses
-        guards = [("threshold", THRESHOLD, "threshold", tau, 0.0) for tau in (0.9, 0.7)]
-        guards += [
+        guards = [
+            ("threshold", THRESHOLD, "threshold", 0.9, 0.0),
             ("threshold", THRESHOLD, "threshold", 0.9, 1.0),
+            ("threshold", THRESHOLD, "threshold", 0.7, 1.0),
             ("entropy-bounded", ENTROPY_BOUNDED, "gamma", 2.0, 1.0),
         ]
         for label, target, key_name, value, temperature in guards:
@@ -135,8 +136,14 @@ def goals(report: dict) -> list[str]:
     """The issue's goals, checked on the no-prompt rows: the fastest diffusion row whose gen-PPL
     is within 1.10x AR's at T = 1 and whose entropy is at least 0.95x AR's, against AR's tokens/s
     (>= 3x at batch 1, >= 1x at batch 16); and the block-diffusion bound against the AR NLL
-    (<= 1.10x)."""
+    (<= 1.10x). A sampler's quality does not depend on the batch, and one sample's gen-PPL is
+    noise: every batch's rows are judged by the quality of the largest batch's row of the same
+    name."""
     rows = [r for r in report["rows"] if r["prompt_tokens"] == 0 and r.get("gen_ppl")]
+    largest = {}
+    for r in sorted(rows, key=lambda r: r["batch"]):
+        largest[r["name"]] = r
+    rows = [r | {k: largest[r["name"]][k] for k in ("gen_ppl", "entropy")} for r in rows]
     out = []
     for batch, target in ((1, 3.0), (16, 1.0)):
         ar = next(
@@ -152,7 +159,10 @@ def goals(report: dict) -> list[str]:
         ]
         fastest = max(diffusion, key=lambda r: r["tokens_per_s_median"], default=None)
         best = max(fair, key=lambda r: r["tokens_per_s_median"], default=None)
-        head = f"- Batch {batch} (goal: >= {target:g}x AR's tokens/s at matched quality): "
+        head = (
+            f"- Batch {batch} (goal: >= {target:g}x AR's tokens/s at matched quality; quality "
+            f"from the batch-{max(r['batch'] for r in rows)} rows): "
+        )
         if best is not None:
             speed = best["tokens_per_s_median"] / ar["tokens_per_s_median"]
             verdict = "met" if speed >= target else f"not met, short by {target / speed:.1f}x"
@@ -181,7 +191,7 @@ def goals(report: dict) -> list[str]:
             ratio = b["bits_per_token"] / nll[0]
             verdict = "met" if ratio <= 1.10 else "not met"
             out.append(
-                f"- Likelihood: the block-diffusion bound is {ratio:.3f}x the AR NLL "
+                f"- Likelihood: the block-diffusion bound of `{ckpt}` is {ratio:.3f}x the AR NLL "
                 f"({b['bits_per_token']:.3f} against {nll[0]:.3f} bits/token; goal <= 1.10x: "
                 f"{verdict})."
             )
