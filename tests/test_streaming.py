@@ -250,6 +250,7 @@ class Batches(L.Callback):
         Batches.seen[trainer.global_step] = batch["tokens"].tolist()
 
 
+@pytest.mark.slow  # three CLI trainings; run by .ci/run's slow pass
 def test_a_resumed_streamed_run_trains_on_the_uninterrupted_batches(
     corpus, tokenizer_dir, tmp_path, monkeypatch
 ):

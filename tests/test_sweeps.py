@@ -56,6 +56,7 @@ def check_rows(rows: list[dict[str, str]], processes: list[str]) -> None:
             assert math.isfinite(float(row[key])), (key, row)
 
 
+@pytest.mark.slow  # two training jobs in joblib workers: ~25 s; run by .ci/run's slow pass
 def test_joblib_multirun_then_one_table(tiny_corpus, tmp_path):
     sweep = tmp_path / "multirun"
     result = run_cli(
