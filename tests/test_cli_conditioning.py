@@ -150,3 +150,37 @@ def test_more_input_errors_name_the_problem(tiny_masked_checkpoint, args, needle
         read_canvas(cfg, model, model.config["seq_len"])
     message = str(err.value)
     assert "\n" not in message and all(n in message for n in needles), message
+
+
+def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tmp_path):
+    """prompt= with max_new_tokens=N: a canvas of the prompt's tokens and N more; the AR
+    baseline prefills the prompt in one call, so it makes at most N + 1 calls."""
+    args = [f"ckpt={tiny_ar_checkpoint}", "prompt=the morning", "max_new_tokens=5"]
+    cfg = compose_checked("sample", args)
+    validate(cfg)
+    model = load_checkpoint(tiny_ar_checkpoint)
+    canvas, _ = read_canvas(cfg, model, model.config["seq_len"])
+    prompt = sum(not e for e in canvas.editable)
+    assert prompt >= 1 and len(canvas.ids) == prompt + 5 and all(canvas.editable[prompt:])
+    out = tmp_path / "s.jsonl"
+    result = run_cli("cdlm-sample", *args, *FAST, f"out={out}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert all(r["text"].startswith("the morning") and r["nfe"] <= 6 for r in records(out))
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["max_new_tokens=4"], ["counts the tokens after prompt="]),
+        (["prompt=a", "max_new_tokens=4", "seq_len=8"], ["not both"]),
+        (["prompt=a", "max_new_tokens=0"], ["max_new_tokens"]),
+        (["prompt=a", "max_new_tokens=500"], ["more than the model's 16"]),
+    ],
+)
+def test_bad_max_new_tokens_is_named(tiny_masked_checkpoint, args, needles):
+    cfg = compose_checked("sample", [f"ckpt={tiny_masked_checkpoint}", *args])
+    model = load_checkpoint(tiny_masked_checkpoint)
+    with pytest.raises(UsageError) as err:
+        validate(cfg)
+        read_canvas(cfg, model, model.config["seq_len"])
+    assert all(n in str(err.value) for n in needles), str(err.value)

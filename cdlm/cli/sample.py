@@ -66,6 +66,13 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
         require_number("guidance.scale", w, at_least=0, note="(0: unconditional, 1: conditional)")
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
     require(len(inputs) <= 1, f"give at most one of prompt=, infill=, edit= (got {inputs})")
+    require_number("max_new_tokens", cfg.max_new_tokens, integer=True, at_least=1, nullable=True)
+    if cfg.max_new_tokens is not None:
+        require(cfg.prompt is not None, "max_new_tokens= counts the tokens after prompt=; give one")
+        require(
+            cfg.seq_len is None,
+            "give seq_len= (the whole canvas) or max_new_tokens= (after the prompt), not both",
+        )
     require_choice("guidance.on", cfg.guidance.on, GUIDE_ON)
     require(
         cfg.label is not None or inputs or all(w == 1.0 for w in scales(cfg)),
@@ -126,7 +133,18 @@ def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | N
             segments = parse_template(Path(cfg.edit).read_text(encoding="utf-8"))
         else:
             return None, 1.0
-        return build_canvas(segments, tok, seq_len, fill), strength
+        canvas = build_canvas(segments, tok, seq_len, fill)
+        if cfg.max_new_tokens is not None:  # the prompt, then that many tokens to generate
+            prompt = sum(not e for e in canvas.editable)
+            total = prompt + cfg.max_new_tokens
+            if total > model.config["seq_len"]:
+                raise ValueError(
+                    f"the prompt ({prompt} tokens) and max_new_tokens={cfg.max_new_tokens} "
+                    f"make {total} positions, more than the model's {model.config['seq_len']} "
+                    "(its training length)"
+                )
+            canvas = build_canvas(segments, tok, total, fill)
+        return canvas, strength
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -177,6 +195,7 @@ def sample(cfg: DictConfig) -> None:
     seq_len = cfg.seq_len or model.config["seq_len"]
     label = label_index(model, cfg.label)
     canvas, strength = read_canvas(cfg, model, seq_len)
+    seq_len = len(canvas.ids) if canvas is not None else seq_len  # max_new_tokens= sets it
     check_compatible(sampler, model.process.kind)
     sampler = with_cache(sampler, cfg.cache)
     name = sampler.func.sampler_name
