@@ -44,7 +44,14 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
     for key in args.block_keys:
         for k in (1, 2, 4):
             rows.append(
-                (f"{key}, {k} step(s)/block, cache", key, "block", {"steps_per_block": k}, 1, 1.0)
+                (
+                    f"{key}, {k} step(s)/block, cache",
+                    key,
+                    "block",
+                    {"steps_per_block": k, "stop_at_eos": False},
+                    1,
+                    1.0,
+                )
             )
         # Fast-dLLM's setting (greedy proposals, T = 0) and the same guards over sampled
         # proposals (T = 1), which keep AR-like entropy where greedy decoding collapses
@@ -61,7 +68,12 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                     f"{key}, {label} {value}, T={temperature:g}, cache",
                     key,
                     "block",
-                    {"step": step, "steps_per_block": GUARD_STEPS, "temperature": temperature},
+                    {
+                        "step": step,
+                        "steps_per_block": GUARD_STEPS,
+                        "temperature": temperature,
+                        "stop_at_eos": False,
+                    },
                     1,
                     temperature,
                 )
@@ -74,7 +86,12 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                 f"masked, blocks of 32, threshold 0.9, T={temperature:g}, cache={cache}",
                 "masked",
                 "threshold",
-                {"block_length": 32, "cache": cache, "temperature": temperature},
+                {
+                    "block_length": 32,
+                    "cache": cache,
+                    "temperature": temperature,
+                    "stop_at_eos": False,
+                },
                 masked_steps,
                 temperature,
             )
@@ -207,9 +224,9 @@ def markdown(report: dict) -> str:
         "positions per sequence; gen-PPL (SmolLM2-135M) and entropy on the no-prompt rows. "
         f"Every row writes {report['new_tokens']} new tokens, after no prompt or a "
         f"{report['prompt_tokens']}-token one, as whole canvases (EOS is a token, scored as a line "
-        "break), so tokens/s compares the same output length. The AR rows never stop "
-        "early; the block and masked samplers stop once every row has an EOS with nothing "
-        "undecided before it, and count the EOS fill after it: a lower NFE shows such a stop.",
+        "break), so tokens/s compares the same output length: no row stops at EOS "
+        "(`stop_at_eos=false` for every sampler). With a prompt, AR and block diffusion read it "
+        "in one KV-cached call.",
         "",
         "| row | batch | prompt | tokens/s (min/med/max) | NFE | positions | first token s | peak MB | gen-PPL | entropy | bound (bits/token) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -196,6 +196,11 @@ def test_block_sampling_stops_at_eos():
     assert out.nfe == 4  # the second block is never sampled
     assert torch.equal(out.tokens[:, :4], data[:, :4])
     assert (out.tokens[:, 4:] == EOS).all()
+    # stop_at_eos=False fills the whole canvas (the speed table's equal-length rows)
+    out, _ = run(
+        sample_topk, Oracle(data), shape=(2, 8), steps=8, block_length=4, stop_at_eos=False
+    )
+    assert out.nfe == 8 and torch.equal(out.tokens, data)
 
 
 def test_cached_ancestral_matches_ancestral_with_fewer_calls():

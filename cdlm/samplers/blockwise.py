@@ -53,11 +53,13 @@ def cached_loop(
     cache: str,
     refresh: int | None = None,
     steps_per_block: int | None = None,
+    stop_at_eos: bool = True,
     **options,
 ) -> SampleOutput:
     """Semi-autoregressive decoding of blocks of ``block_length`` with a KV cache (see the module
-    docstring); ``step`` is a ``masked_steps`` step function. Stops once every row has finished
-    at the process's EOS; later masks become EOS."""
+    docstring); ``step`` is a ``masked_steps`` step function. With ``stop_at_eos`` it stops once
+    every row has finished at the process's EOS (later masks become EOS); without, it fills the
+    whole canvas."""
     if refresh is not None and refresh < 1:
         raise ValueError(f"refresh must be >= 1 steps, got {refresh}")
     length, mask_id, keep = x.shape[1], process.mask_id, process.schedule.keep
@@ -112,7 +114,8 @@ def cached_loop(
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
         if (
-            b < length
+            stop_at_eos
+            and b < length
             and (x[:, b:] == mask_id).all()
             and finished_at_eos(x, b, process.eos_id, mask_id)
         ):

@@ -37,10 +37,12 @@ def _loop(
     block_length: int | None,
     skip_unchanged: bool,
     repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
     **options,
 ) -> SampleOutput:
     """Walks the blocks left to right, ``len(timesteps) - 1`` steps in all (at least one per
-    block). Stops early once every row has finished at an EOS; later masks become EOS."""
+    block). With ``stop_at_eos`` it stops early once every row has finished at an EOS; later
+    masks become EOS. Without, it fills the whole canvas (EOS then separates paragraphs)."""
     if repeat_penalty < 0:
         raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
     length, mask_id, eos_id, keep = (
@@ -79,7 +81,7 @@ def _loop(
         # Stop early only if nothing after this block is decided (a fixed region there must
         # still get its blanks sampled, not filled with EOS).
         rest_open = bool((x[:, b:] == mask_id).all())
-        if b < length and rest_open and finished_at_eos(x, b, eos_id, mask_id):
+        if stop_at_eos and b < length and rest_open and finished_at_eos(x, b, eos_id, mask_id):
             x = x.masked_fill(x == mask_id, eos_id)
             break
     positions = nfe * network_length(denoiser, length)
