@@ -316,9 +316,9 @@ def main() -> None:
         students = {int(k): v for k, v in d["students"].items()}  # JSON keys are strings
         last = min(students, default=None)  # the last round's student, also at fewer steps
         for steps in STUDENT_STEPS:
-            trained = steps if steps in students else last
-            if trained is None or (steps not in students and steps > last):
+            if steps not in students and (last is None or steps > last):
                 continue
+            trained = steps if steps in students else last
             rows.append(
                 row(
                     process,

@@ -38,8 +38,8 @@ GUARD_STEPS = 16
 def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
     """(name, model key, sampler config, options, steps, temperature) per row."""
     rows = [
-        ("AR, KV cache, T=1", "ar", "ar", {"stop_at_eos": False}, 1, 1.0),
-        ("AR, KV cache, T=0.9", "ar", "ar", {"stop_at_eos": False, "temperature": 0.9}, 1, 0.9),
+        ("AR, KV cache, T=1", "ar", "ar", {}, 1, 1.0),
+        ("AR, KV cache, T=0.9", "ar", "ar", {"temperature": 0.9}, 1, 0.9),
     ]
     for key in args.block_keys:
         for k in (1, 2, 4):
@@ -48,7 +48,7 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                     f"{key}, {k} step(s)/block, cache",
                     key,
                     "block",
-                    {"steps_per_block": k, "stop_at_eos": False},
+                    {"steps_per_block": k},
                     1,
                     1.0,
                 )
@@ -72,7 +72,6 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                         "step": step,
                         "steps_per_block": GUARD_STEPS,
                         "temperature": temperature,
-                        "stop_at_eos": False,
                     },
                     1,
                     temperature,
@@ -90,7 +89,6 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                     "block_length": 32,
                     "cache": cache,
                     "temperature": temperature,
-                    "stop_at_eos": False,
                 },
                 masked_steps,
                 temperature,
@@ -112,7 +110,7 @@ def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prom
     canvas = prompt_canvas(model, args.prompt_tokens, args.new_tokens) if prompt else None
     speed = measure(
         model,
-        named_sampler(config, **options),
+        named_sampler(config, **options, stop_at_eos=False),  # every row: the whole canvas
         args.repeats,
         steps=steps,
         num_samples=batch,

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 15 models at 320-token sequences (a 64-token prompt + 256 new tokens): same width as the
 # quickstart, ~4k tokens per step. AR and masked and block4 from scratch; block 4/8/16 from AR.
-# usage: train15.sh ROOT STEPS FT_STEPS [extra overrides...]
+# usage: experiments/train_speed_models.sh ROOT STEPS FT_STEPS [extra overrides...]
 set -u
 ROOT=$1; STEPS=$2; FT=$3; shift 3
 COMMON="experiment=quickstart data.seq_len=320 data.batch_size=12 trainer.max_time=null lr_scheduler=warmup_cosine logger=csv callbacks.samples.every_n_steps=100000 $*"

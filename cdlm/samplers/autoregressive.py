@@ -27,20 +27,21 @@ def sample_ar(
     length sets the number of calls). With ``use_cache`` each call feeds one new position and
     attends to the cached keys/values (positions processed = tokens made), after one prefill call
     over a fixed prompt (the denoiser's ``known_prefix``, from ``hold_fixed``); without it every
-    call reruns the whole prefix (the reference the cache is tested against). With ``stop_at_eos`` it stops once
-    every row has produced EOS (the process's BOS id, which is the tokenizer's EOS) and later
-    positions become EOS; without, it fills the whole canvas (EOS then separates paragraphs, as in
-    packed training data)."""
+    call reruns the whole prefix (the reference the cache is tested against). With
+    ``stop_at_eos`` it stops once every row has produced EOS (the process's BOS id, which is the
+    tokenizer's EOS) and later positions become EOS; without, it fills the whole canvas (EOS then
+    separates paragraphs, as in packed training data)."""
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id
     cache = denoiser.network.new_cache() if use_cache else None
     step_input = torch.full((batch, 1), eos, dtype=torch.long, device=x.device)
     done = torch.zeros(batch, dtype=torch.bool, device=x.device)
     positions, pred, i, first = 0, None, -1, 0
-    prompt = getattr(denoiser, "known_prefix", None)
-    if use_cache and prompt is not None:  # prefill: the prompt but its last token in one call
-        first = max(prompt().shape[1] - 1, 0)
-        x[:, :first] = prompt()[:, :first]
+    known = getattr(denoiser, "known_prefix", None)
+    if use_cache and known is not None:  # prefill: the prompt but its last token in one call
+        prompt = known()
+        first = max(prompt.shape[1] - 1, 0)
+        x[:, :first] = prompt[:, :first]
         step_input = torch.cat([step_input, x[:, :first]], 1)
     for i in range(first, length):
         if use_cache:
