@@ -12,7 +12,7 @@ def __getattr__(name: str) -> Any:
     if name == "from_pretrained":
         # by name: every module imports the package root (config_dir), which must not itself
         # depend on a layer above them (the import-linter contract reads import statements)
-        return importlib.import_module("cdlm.checkpoint").from_pretrained
+        return importlib.import_module("cdlm.model_file").from_pretrained
     raise AttributeError(f"module 'cdlm' has no attribute {name!r}")
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from cdlm import config_dir, rng
 from cdlm.guidance import Guidance
-from cdlm.regions import Canvas
+from cdlm.regions import Layout
 from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
 from cdlm.samplers.base import Callback
 
@@ -115,7 +115,7 @@ def generate(
     cut_at_eos: bool = True,
     callback: Callback | None = None,
     guidance: Guidance | None = None,
-    canvas: Canvas | None = None,
+    canvas: Layout | None = None,
     strength: float = 1.0,
 ) -> Generation:
     """Draws ``num_samples`` sequences of ``seq_len`` tokens in batches of ``batch_size``.
@@ -127,7 +127,7 @@ def generate(
     ``temperature`` sharpens (< 1) the softmax behind each x0 estimate (gaussian only).
     ``guidance``: a label (or one per sample), the classifier-free guidance scale and what it
     guides on (the label, the prompt: the canvas's fixed regions, or both). ``canvas``: from
-    ``cdlm.regions.build_canvas``, ``seq_len`` positions: the process holds the non-editable ones
+    ``cdlm.regions.build_layout``, ``seq_len`` positions: the process holds the non-editable ones
     fixed; ``strength`` < 1 starts the editable text spans from their ids noised (or masked) to
     t = strength (editing) instead of from the prior.
     """

@@ -2,7 +2,7 @@
 
 A cdlm model folder is what ``Model.save_pretrained`` and ``cdlm-train`` write:
 
-- ``model.safetensors``: the self-contained, pickle-free model file (``cdlm.checkpoint``), the
+- ``model.safetensors``: the self-contained, pickle-free model file (``cdlm.model_file``), the
   one thing loading reads; it stays usable alone (``ckpt=folder/model.safetensors``);
 - ``config.json``: the same configs, readable, plus the model card's facts (``card``);
 - ``tokenizer.json`` and ``tokenizer_config.json``: so ``AutoTokenizer.from_pretrained(folder)``

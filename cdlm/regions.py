@@ -1,7 +1,7 @@
 """Text templates with fixed and editable regions, for prompting, infilling and editing.
 
 A template is plain text in which ``[[N]]`` marks a blank of N tokens and ``[[some text]]`` an
-editable span that starts from ``some text``; everything else is fixed. ``build_canvas`` turns the
+editable span that starts from ``some text``; everything else is fixed. ``build_layout`` turns the
 regions into initial token ids plus a per-position "may write" mask for the sampler, and
 ``assemble`` turns the sampled ids back into text with a map from input regions to output
 regions. Fixed regions are written back from the template itself, so they come back
@@ -78,12 +78,12 @@ def parse_template(template: str) -> list[Segment]:
 
 def prompt_template(prompt: str) -> list[Segment]:
     """A prompt is a fixed prefix, taken literally (brackets in it are plain text); the canvas
-    tail that ``build_canvas`` adds is what gets generated."""
+    tail that ``build_layout`` adds is what gets generated."""
     return [Segment(prompt, False, None, 0, len(prompt))]
 
 
 @dataclass
-class Canvas:
+class Layout:
     """The sampler's starting point: what each position holds and whether it may change."""
 
     ids: list[int]  # seq_len initial ids: fixed tokens, editable spans' tokens, fill_id in blanks
@@ -106,9 +106,9 @@ def _tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def build_canvas(
+def build_layout(
     segments: list[Segment], tokenizer: PreTrainedTokenizerBase, seq_len: int, fill_id: int
-) -> Canvas:
+) -> Layout:
     """Lays the regions out on a canvas of ``seq_len`` tokens.
 
     Each region is tokenised on its own so that region boundaries fall on token boundaries.
@@ -144,7 +144,7 @@ def build_canvas(
         spans.append((len(ids), seq_len))
         ids += [fill_id] * tail
         editable += [True] * tail
-    return Canvas(ids=ids, editable=editable, spans=spans, segments=kept)
+    return Layout(ids=ids, editable=editable, spans=spans, segments=kept)
 
 
 @dataclass
@@ -185,7 +185,7 @@ def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
 
 
 def assemble(
-    canvas: Canvas, ids: list[int], tokenizer: PreTrainedTokenizerBase
+    canvas: Layout, ids: list[int], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[str, list[Region]]:
     """The output text and its region map, from the sampled ``ids`` (seq_len of them).
 

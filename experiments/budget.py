@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.context import context_ceiling, context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.oracle import bigram_transition
@@ -37,6 +36,7 @@ from cdlm.evaluation.quality import load_scorer
 from cdlm.generate import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
+from cdlm.model_file import load_model
 
 # name -> stages: (share of the budget, cdlm-train overrides). A later stage starts from the
 # previous stage's model (init_from).
@@ -114,7 +114,7 @@ def last_step(run_dir: Path) -> int:
 
 def context_tables(ckpt: str) -> dict:
     """Diffusion models: context use per level beside the bigram oracle; gaussian: the ceiling."""
-    model = load_checkpoint(ckpt)
+    model = load_model(ckpt)
     data = corpus_split(model)
     result: dict = {}
     if model.process.noise_levels:
@@ -307,7 +307,7 @@ def main() -> None:
         "minutes": args.minutes,
         "threads": torch.get_num_threads(),
         "num_samples": args.num_samples,
-        "seq_len": load_checkpoint(trained[names[0]]["ckpt"]).config["seq_len"],
+        "seq_len": load_model(trained[names[0]]["ckpt"]).config["seq_len"],
         "recipes": {},
     }
     for name in names:

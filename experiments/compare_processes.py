@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
+from cdlm.model_file import load_model
 
 PROCESSES = ("autoregressive", "masked", "gaussian")
 
@@ -72,7 +72,7 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
 
 def bound(ckpt: Path, repeats: int, seed: int) -> tuple[float, float, dict]:
     """Mean and standard error over ``repeats`` draws of the val bound, bits/token."""
-    model = load_checkpoint(ckpt)
+    model = load_model(ckpt)
     result = val_bits_per_token(model, validation_tokens(model), seed, draws=repeats)
     return result["bits_per_token"], result.get("std_error", 0.0), result.get("terms", {})
 

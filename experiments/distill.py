@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
 from cdlm.generate import named_sampler
 from cdlm.io import atomic_write_text
+from cdlm.model_file import load_model
 
 TEACHER_STEPS = (128, 64, 16, 8, 4, 2, 1)
 STUDENT_STEPS = (16, 8, 4, 2, 1)
@@ -337,7 +337,7 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "num_samples": args.num_samples,
         "repeats": args.repeats,
-        "seq_len": load_checkpoint(next(iter(teachers.values()))).config["seq_len"],
+        "seq_len": load_model(next(iter(teachers.values()))).config["seq_len"],
         "threads": torch.get_num_threads(),
         "distillation": distilled,
         "rows": rows,

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.data.corpus import BUNDLED
 from cdlm.evaluation.judge import fit_on_corpus
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer, smollm2_file
 from cdlm.generate import default_sampler, generate
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
+from cdlm.model_file import load_model
 
 ROOT = Path("outputs/two_domains")
 SKIP_PARTS = ("test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages")
@@ -136,7 +136,7 @@ def train(process: str, corpus: Path, run_dir: Path, tiny: bool, extra: list[str
 
 
 def sweep(ckpt: Path, scales: list[float], per_label: int, steps: int, judge, scorer) -> dict:
-    model = load_checkpoint(ckpt, torch.device("cpu"))
+    model = load_model(ckpt, torch.device("cpu"))
     labels = model.config["labels"]
     sampler = default_sampler(model.process)
     truth = [label for label in labels for _ in range(per_label)]

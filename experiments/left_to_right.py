@@ -17,15 +17,15 @@ import math
 import torch
 
 from cdlm import rng
-from cdlm.checkpoint import load_checkpoint
 from cdlm.likelihood.evaluate import corpus_split
+from cdlm.model_file import load_model
 
 POSITIONS = (8, 24, 40, 56, 72, 88, 104, 120)
 
 
 @torch.no_grad()
 def left_to_right(ckpt: str, sequences: int = 48) -> dict:
-    model = load_checkpoint(ckpt)
+    model = load_model(ckpt)
     process, denoiser = model.process, model.denoiser
     val = corpus_split(model).val_set.tokens[:sequences]
     n, length = val.shape

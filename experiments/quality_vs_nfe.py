@@ -34,7 +34,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from cdlm.checkpoint import load_checkpoint  # noqa: E402
 from cdlm.evaluation.quality import (  # noqa: E402
     generative_perplexity,
     load_scorer,
@@ -43,6 +42,7 @@ from cdlm.evaluation.quality import (  # noqa: E402
 from cdlm.generate import decode  # noqa: E402
 from cdlm.io import atomic_write_text  # noqa: E402
 from cdlm.likelihood.evaluate import validation_tokens  # noqa: E402
+from cdlm.model_file import load_model  # noqa: E402
 from cdlm.samplers import (  # noqa: E402
     make_grid,
     sample_adaptive,
@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    model = load_checkpoint(args.ckpt)
+    model = load_model(args.ckpt)
     shape = (args.batch, model.config["seq_len"])
     x1 = model.process.prior(shape, torch.device("cpu"), torch.Generator().manual_seed(0))
     scorer = load_scorer()

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import text_quality, val_bits_per_token
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
 from cdlm.generate import decode, named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
-from cdlm.regions import build_canvas, prompt_template
+from cdlm.model_file import load_model
+from cdlm.regions import build_layout, prompt_template
 
 THRESHOLD = "cdlm.samplers.masked_steps.step_threshold"
 ENTROPY_BOUNDED = "cdlm.samplers.masked_steps.step_entropy_bounded"
@@ -103,7 +103,7 @@ def prompt_canvas(model, tokens: int, new_tokens: int):
     text = decode(model.tokenizer, ids, cut_at_eos=False).text
     tok = model.tokenizer
     fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
-    return build_canvas(prompt_template(text), tok, tokens + new_tokens, fill)
+    return build_layout(prompt_template(text), tok, tokens + new_tokens, fill)
 
 
 def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prompt, args, scorer):
@@ -259,7 +259,7 @@ def main() -> None:
     args = parser.parse_args()
     ckpts = {"ar": args.ar, "masked": args.masked} | dict(b.split("=", 1) for b in args.block)
     args.block_keys = [b.split("=", 1)[0] for b in args.block]
-    models = {k: load_checkpoint(v) for k, v in ckpts.items()}
+    models = {k: load_model(v) for k, v in ckpts.items()}
     for key, model in models.items():
         if model.config["seq_len"] < args.prompt_tokens + args.new_tokens:
             parser.error(

@@ -15,15 +15,15 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.data import TextDataModule
+from cdlm.model_file import load_model
 from cdlm.training.module import DiffusionLM
 
 
 def main() -> None:
     model_path, corpus, devices, batch, out = sys.argv[1:6]
     torch.set_num_threads(1)
-    model = load_checkpoint(model_path)
+    model = load_model(model_path)
     data = TextDataModule(path=corpus, seq_len=model.config["seq_len"], batch_size=int(batch))
     data.use_tokenizer(model.tokenizer)
     data.setup("validate")

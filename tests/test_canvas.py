@@ -14,9 +14,9 @@ from conftest import run_cli
 
 from cdlm.canvas import LiveCanvas, Recorder, render, save
 from cdlm.canvas.terminal import Pieces
-from cdlm.checkpoint import load_checkpoint
 from cdlm.generate import generate, named_sampler
-from cdlm.regions import build_canvas, prompt_template
+from cdlm.model_file import load_model
+from cdlm.regions import build_layout, prompt_template
 
 SAMPLERS = {
     "tiny_checkpoint": "ddpm",
@@ -45,7 +45,7 @@ def record(model, sampler: str, steps: int = 5, fixed=None, **options):
 
 @pytest.mark.parametrize("fixture", list(SAMPLERS))
 def test_the_last_frame_is_the_sample(fixture, request):
-    model = load_checkpoint(request.getfixturevalue(fixture))
+    model = load_model(request.getfixturevalue(fixture))
     recorder, gen = record(model, SAMPLERS[fixture], cut_at_eos=False)
     assert [tr.first for tr in recorder.trajectories] == [0, 2]
     rows = recorder.rows()
@@ -62,7 +62,7 @@ def test_the_last_frame_is_the_sample(fixture, request):
 
 
 def test_masked_frames_commit_and_never_revise(tiny_masked_checkpoint):
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     recorder, _ = record(model, "ancestral", steps=6)
     trajectory = recorder.trajectories[0]
     decided = [int(f.decided[0].sum()) for f in trajectory.frames]
@@ -77,9 +77,9 @@ def test_masked_frames_commit_and_never_revise(tiny_masked_checkpoint):
 
 
 def test_fixed_prompt_is_shown_apart_and_nfe_counts_cached_steps(tiny_masked_checkpoint):
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     length = model.config["seq_len"]
-    canvas = build_canvas(prompt_template("It is a truth"), model.tokenizer, length, 0)
+    canvas = build_layout(prompt_template("It is a truth"), model.tokenizer, length, 0)
     fixed = torch.tensor([not e for e in canvas.editable])
     recorder, gen = record(model, "cached_ancestral", steps=12, fixed=fixed, canvas=canvas)
     first = recorder.trajectories[0].frames[0]
@@ -93,7 +93,7 @@ def test_fixed_prompt_is_shown_apart_and_nfe_counts_cached_steps(tiny_masked_che
 
 
 def test_live_canvas_redraws_each_frame(tiny_checkpoint):
-    model = load_checkpoint(tiny_checkpoint)
+    model = load_model(tiny_checkpoint)
     stream = io.StringIO()
     live = LiveCanvas(model.tokenizer, steps=4, stream=stream)
     recorder, _ = record(model, "ddim", steps=4)
@@ -107,7 +107,7 @@ def test_live_canvas_redraws_each_frame(tiny_checkpoint):
 
 @pytest.mark.parametrize("fixture", list(SAMPLERS))
 def test_html_page_holds_every_frame(fixture, request, tmp_path):
-    model = load_checkpoint(request.getfixturevalue(fixture))
+    model = load_model(request.getfixturevalue(fixture))
     recorder, gen = record(model, SAMPLERS[fixture], cut_at_eos=False)
     path = tmp_path / "canvas.html"
     save(path, recorder, model.tokenizer, "title", "meta")
@@ -123,7 +123,7 @@ def test_html_page_holds_every_frame(fixture, request, tmp_path):
 
 def test_png_strip_and_gif(tiny_masked_checkpoint, tmp_path):
     pytest.importorskip("matplotlib")
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     recorder, _ = record(model, "ancestral", steps=4)
     for name in ("strip.png", "movie.gif"):
         save(tmp_path / name, recorder, model.tokenizer, "t")

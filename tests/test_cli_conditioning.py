@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.cli.common import UsageError, compose_checked
 from cdlm.cli.sample import label_index, read_canvas, validate
+from cdlm.model_file import load_model
 from tests.conftest import run_cli
 
 FAST = ["steps=2", "num_samples=2", "progress=false"]
@@ -143,7 +143,7 @@ def test_more_input_errors_name_the_problem(tiny_masked_checkpoint, args, needle
     """The same checks in-process (each CLI start costs seconds): validation, then reading the
     canvas and label against the loaded model."""
     cfg = compose_checked("sample", [f"ckpt={tiny_masked_checkpoint}", *args])
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
         label_index(model, cfg.label)
@@ -158,7 +158,7 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
     args = [f"ckpt={tiny_ar_checkpoint}", "prompt=the morning", "max_new_tokens=5"]
     cfg = compose_checked("sample", args)
     validate(cfg)
-    model = load_checkpoint(tiny_ar_checkpoint)
+    model = load_model(tiny_ar_checkpoint)
     canvas, _ = read_canvas(cfg, model, model.config["seq_len"])
     prompt = sum(not e for e in canvas.editable)
     assert prompt >= 1 and len(canvas.ids) == prompt + 5 and all(canvas.editable[prompt:])
@@ -179,7 +179,7 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
 )
 def test_bad_max_new_tokens_is_named(tiny_masked_checkpoint, args, needles):
     cfg = compose_checked("sample", [f"ckpt={tiny_masked_checkpoint}", *args])
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
         read_canvas(cfg, model, model.config["seq_len"])

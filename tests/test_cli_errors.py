@@ -18,11 +18,11 @@ from conftest import TINY_TRAIN, run_cli
 from hydra.core.global_hydra import GlobalHydra
 from safetensors.torch import save_file
 
-from cdlm.checkpoint import check_model_file
 from cdlm.cli import eval as eval_cli
 from cdlm.cli import sample as sample_cli
 from cdlm.cli import train as train_cli
 from cdlm.cli.common import UsageError, require_number
+from cdlm.model_file import check_model_file
 from cdlm.samplers.grids import make_grid
 from cdlm.schedules import CosineMaskSchedule, LogLinearMaskSchedule
 

@@ -4,9 +4,9 @@ context at its own level (``context_ceiling``)."""
 import pytest
 import torch
 
-from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.evaluation.context import context_ceiling, context_use
 from cdlm.likelihood.evaluate import corpus_split
+from cdlm.model_file import Model, load_model
 from cdlm.processes import AutoregressiveProcess, MaskedProcess
 from cdlm.processes.gaussian import GaussianProcess
 
@@ -84,7 +84,7 @@ def test_context_ceiling_refuses_other_processes_and_bad_strides():
 
 
 def test_context_use_on_a_trained_checkpoint(tiny_checkpoint, tiny_corpus):
-    model = load_checkpoint(str(tiny_checkpoint))
+    model = load_model(str(tiny_checkpoint))
     data = corpus_split(model, str(tiny_corpus))
     val = data.val_set.tokens[:4]
     rows = context_use(model, val, data.log_unigram(), times=(0.05, 0.9))

@@ -194,7 +194,7 @@ def test_validation_on_two_processes_equals_one_process(tmp_path, tiny_corpus, f
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs a CUDA GPU (none here)")
 def test_fsdp_trains_and_exports_a_whole_model(tmp_path, tiny_corpus):
-    from cdlm.checkpoint import load_checkpoint
+    from cdlm.model_file import load_model
 
     run = _train(
         tmp_path,
@@ -204,5 +204,5 @@ def test_fsdp_trains_and_exports_a_whole_model(tmp_path, tiny_corpus):
         f"trainer.devices={torch.cuda.device_count()}",
         "trainer.precision=bf16-mixed",
     )
-    model = load_checkpoint(run / "model.safetensors")
+    model = load_model(run / "model.safetensors")
     assert sum(p.numel() for p in model.network.parameters()) > 0

@@ -16,7 +16,7 @@ import torch
 from test_sampler_contract import make_network, make_process
 
 from cdlm.networks.transformer import Transformer
-from cdlm.regions import Canvas
+from cdlm.regions import Layout
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "golden_generation.json"
 L = 8
@@ -43,8 +43,8 @@ def labelled_network(process) -> Transformer:
     return network.eval()
 
 
-def canvas(ids: list[int], editable: list[bool]) -> Canvas:
-    return Canvas(ids=ids, editable=editable, spans=[], segments=[])
+def canvas(ids: list[int], editable: list[bool]) -> Layout:
+    return Layout(ids=ids, editable=editable, spans=[], segments=[])
 
 
 PROMPT = canvas([3, 4, 5, 0, 0, 0, 0, 0], [False] * 3 + [True] * 5)

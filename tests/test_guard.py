@@ -15,9 +15,9 @@ from conftest import TINY_TRAIN
 from reliability_helpers import one_thread  # noqa: F401 (autouse)
 from reliability_helpers import train_in_process as run
 
-from cdlm.checkpoint import load_checkpoint
-from cdlm.training.checkpointing import find_resume, weights_finite
+from cdlm.model_file import load_model
 from cdlm.training.guard import Diverged, NonFiniteGuard
+from cdlm.training.resume import find_resume, weights_finite
 
 RUN = [
     *TINY_TRAIN,
@@ -72,7 +72,7 @@ def test_one_poisoned_batch_is_skipped_logged_and_the_run_finishes(
     # the warped time sampler's loss curve never saw the NaN (the guard put it back)
     assert "process.time_sampler.loss" in ckpt["current_model_state"]
     assert all(v.isfinite().all() for v in ckpt["current_model_state"].values())
-    assert weights_finite(load_checkpoint(tmp_path / "model.safetensors").network)
+    assert weights_finite(load_model(tmp_path / "model.safetensors").network)
 
 
 def test_a_persistent_nan_stops_the_run_and_the_last_good_checkpoint_loads(
@@ -90,7 +90,7 @@ def test_a_persistent_nan_stops_the_run_and_the_last_good_checkpoint_loads(
     ckpt = torch.load(good, map_location="cpu", weights_only=False)
     assert ckpt["global_step"] <= 7
     assert all(v.isfinite().all() for v in ckpt["current_model_state"].values())
-    assert weights_finite(load_checkpoint(tmp_path / "model.safetensors").network)
+    assert weights_finite(load_model(tmp_path / "model.safetensors").network)
 
 
 def fake_step(guard: NonFiniteGuard, loss: float, grad: float, scaler=None) -> torch.nn.Parameter:

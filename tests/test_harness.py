@@ -7,12 +7,12 @@ import pytest
 import torch
 from test_quality import CharTokenizer, UniformLM
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.evaluation.harness import evaluate_checkpoint, val_bits_per_token
 from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread
 from cdlm.likelihood.evaluate import validation_tokens
+from cdlm.model_file import load_model
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_spread_keeps_every_run():
 
 @pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint"])
 def test_bound_averages_noise_draws_with_their_standard_error(ckpt, request):
-    model = load_checkpoint(str(request.getfixturevalue(ckpt)))
+    model = load_model(str(request.getfixturevalue(ckpt)))
     tokens = validation_tokens(model, str(request.getfixturevalue("tiny_corpus")))[:4]
     single = [val_bits_per_token(model, tokens, seed)["bits_per_token"] for seed in (3, 4, 5)]
     assert len(set(single)) == 3  # each draw is its own Monte Carlo estimate
@@ -83,7 +83,7 @@ def test_bound_averages_noise_draws_with_their_standard_error(ckpt, request):
 
 
 def test_exact_nll_takes_one_pass_whatever_the_draws(tiny_ar_checkpoint, tiny_corpus):
-    model = load_checkpoint(str(tiny_ar_checkpoint))
+    model = load_model(str(tiny_ar_checkpoint))
     tokens = validation_tokens(model, str(tiny_corpus))[:4]
     result = val_bits_per_token(model, tokens, 0, draws=4)
     assert result["draws"] == 1 and "std_error" not in result

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 import cdlm
 from cdlm import hub
-from cdlm.checkpoint import CheckpointError, load_checkpoint
+from cdlm.model_file import ModelFileError, load_model
 
 
 def samples(model, seed: int = 3) -> list[list[int]]:
@@ -25,7 +25,7 @@ def samples(model, seed: int = 3) -> list[list[int]]:
 
 @pytest.mark.parametrize("fixture", ["tiny_checkpoint", "tiny_masked_checkpoint"])
 def test_save_pretrained_from_pretrained_gives_identical_samples(fixture, request, tmp_path):
-    trained = load_checkpoint(request.getfixturevalue(fixture))
+    trained = load_model(request.getfixturevalue(fixture))
     folder = trained.save_pretrained(tmp_path / "model")
     assert {p.name for p in folder.iterdir()} >= {
         "config.json",
@@ -40,11 +40,11 @@ def test_save_pretrained_from_pretrained_gives_identical_samples(fixture, reques
             assert ka == kb and torch.equal(va, vb)
     assert samples(trained) == samples(loaded)
     # the weights file inside stays a complete model on its own
-    assert samples(load_checkpoint(folder / "model.safetensors")) == samples(trained)
+    assert samples(load_model(folder / "model.safetensors")) == samples(trained)
 
 
 def test_auto_tokenizer_loads_the_folder_tokenizer(tiny_masked_checkpoint, tmp_path):
-    model = load_checkpoint(tiny_masked_checkpoint)
+    model = load_model(tiny_masked_checkpoint)
     folder = model.save_pretrained(tmp_path / "m")
     tok = AutoTokenizer.from_pretrained(folder)
     text = "It is a truth universally acknowledged."
@@ -73,7 +73,7 @@ def test_cdlm_train_makes_the_run_folder_a_model_folder(tiny_checkpoint):
 
 
 def test_recorded_metrics_reach_the_card(tiny_masked_checkpoint, tmp_path):
-    folder = load_checkpoint(tiny_masked_checkpoint).save_pretrained(tmp_path / "m")
+    folder = load_model(tiny_masked_checkpoint).save_pretrained(tmp_path / "m")
     metrics = {"bits_per_token": 5.25, "bound_how": "ELBO", "gen_ppl": 123.4, "gen_ppl_how": "x"}
     assert hub.record_metrics(folder, metrics | {"token_entropy_bits": 7.5, "source": "test"})
     card = (folder / "README.md").read_text()
@@ -84,7 +84,7 @@ def test_recorded_metrics_reach_the_card(tiny_masked_checkpoint, tmp_path):
 
 
 def test_cli_sample_and_eval_take_a_folder(tiny_masked_checkpoint, tmp_path):
-    folder = load_checkpoint(tiny_masked_checkpoint).save_pretrained(tmp_path / "m")
+    folder = load_model(tiny_masked_checkpoint).save_pretrained(tmp_path / "m")
     result = run_cli("cdlm-sample", f"ckpt={folder}", "steps=2", "num_samples=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     args = (f"ckpt={folder}", "scorer=none", "wandb=false", "num_samples=2", "steps=2")
@@ -99,8 +99,8 @@ def test_cli_sample_and_eval_take_a_folder(tiny_masked_checkpoint, tmp_path):
 
 def test_a_folder_without_weights_is_named(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(CheckpointError, match="folder without model.safetensors"):
-        load_checkpoint(tmp_path)
+    with pytest.raises(ModelFileError, match="folder without model.safetensors"):
+        load_model(tmp_path)
 
 
 class FakeApi:
@@ -143,7 +143,7 @@ def test_push_to_hub_sends_the_hub_files_through_hfapi(tiny_checkpoint, monkeypa
 def test_model_push_to_hub_writes_then_sends(tiny_masked_checkpoint, monkeypatch):
     monkeypatch.setattr(hub, "HfApi", FakeApi)
     FakeApi.calls = []
-    load_checkpoint(tiny_masked_checkpoint).push_to_hub("someone/m", private=True)
+    load_model(tiny_masked_checkpoint).push_to_hub("someone/m", private=True)
     assert FakeApi.calls[0] == ("create_repo", "someone/m", True, True)
     assert len(FakeApi.calls[1][2]) == 5
 
@@ -151,7 +151,7 @@ def test_model_push_to_hub_writes_then_sends(tiny_masked_checkpoint, monkeypatch
 def test_hub_ids_download_only_the_hub_files(tiny_masked_checkpoint, tmp_path, monkeypatch):
     import huggingface_hub
 
-    folder = load_checkpoint(tiny_masked_checkpoint).save_pretrained(tmp_path / "cache")
+    folder = load_model(tiny_masked_checkpoint).save_pretrained(tmp_path / "cache")
     asked = {}
 
     def snapshot_download(repo_id, revision=None, allow_patterns=None):
@@ -173,7 +173,7 @@ def test_an_unreachable_hub_id_gets_one_message(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointError, match="not a local path, and the Hugging Face Hub"):
+    with pytest.raises(ModelFileError, match="not a local path, and the Hugging Face Hub"):
         cdlm.from_pretrained("nobody/nothing")
     assert not hub.is_hub_id("run/model.safetensors")  # a missing file stays a missing file
     assert not hub.is_hub_id(str(Path(tmp_path)))

@@ -15,7 +15,7 @@ from cdlm.generate import generate
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
-from cdlm.regions import assemble, build_canvas, parse_template, prompt_template
+from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.gaussian import rolling
 
@@ -67,7 +67,7 @@ def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, opt
     for key, process in processes(tok).items():
         if not key.startswith(kind):
             continue
-        canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+        canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
         out = generate(
             process,
             model(process),
@@ -106,7 +106,7 @@ class Spy(torch.nn.Module):
 def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok, options):
     process = processes(tok)["gaussian"]
     spy = Spy(model(process))
-    canvas = build_canvas(parse_template(TEMPLATE), tok, L, 0)
+    canvas = build_layout(parse_template(TEMPLATE), tok, L, 0)
     cfg = OmegaConf.load(config_dir() / "sampler" / "ddpm.yaml")
     sampler = instantiate(OmegaConf.merge(cfg, options))
     generate(
@@ -135,7 +135,7 @@ def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok, op
 
 def test_masked_edit_remasks_only_the_editable_spans(tok):
     process = processes(tok)["masked"]
-    canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+    canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
     ids = torch.tensor(canvas.ids).expand(64, -1)
     editable = torch.tensor(canvas.editable).expand(64, -1)
     g = torch.Generator().manual_seed(0)
@@ -153,7 +153,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
     process = AutoregressiveProcess(len(tok), bos_id=tok.eos_token_id).eval()
     net = model(process)
     sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ar.yaml"))
-    canvas = build_canvas(prompt_template("It was the morning"), tok, L, 0)
+    canvas = build_layout(prompt_template("It was the morning"), tok, L, 0)
     out = generate(
         process,
         net,
@@ -167,7 +167,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
     )
     for s in out.samples:
         assert assemble(canvas, s.token_ids, tok)[0].startswith("It was the morning")
-    infill = build_canvas(parse_template(TEMPLATE), tok, L, 0)
+    infill = build_layout(parse_template(TEMPLATE), tok, L, 0)
     with pytest.raises(ValueError, match="only left context"):
         generate(
             process,
@@ -183,7 +183,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
 
 def test_gaussian_edit_starts_text_spans_from_their_noised_embeddings_and_blanks_from_noise(tok):
     process = processes(tok)["gaussian"]
-    canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+    canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
     ids = torch.tensor(canvas.ids)[None]
     editable, seeded = torch.tensor(canvas.editable)[None], torch.tensor(canvas.seeded)[None]
     prior = torch.randn(1, L, 4, generator=torch.Generator().manual_seed(0))
@@ -208,7 +208,7 @@ def test_guidance_and_fixed_regions_compose(tok):
         num_classes=2,
     ).eval()
     torch.nn.init.normal_(net.label_embed.weight)
-    canvas = build_canvas(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
+    canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
     sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ancestral.yaml"))
     out = generate(
         process,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import draw
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.legacy import upgrade_process
+from cdlm.model_file import load_model
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 
@@ -17,7 +17,7 @@ LEGACY = Path(__file__).parent / "data" / "legacy"
 def test_old_model_files_sample_as_before(kind):
     """tests/data/legacy/*.safetensors: 2-step models trained by commit 683937b (AR phase and
     all); samples.json: what its cdlm-sample drew from them at steps=4 seed=0."""
-    model = load_checkpoint(LEGACY / f"{kind}.safetensors")
+    model = load_model(LEGACY / f"{kind}.safetensors")
     gen = draw(model, steps=4, num_samples=2, seed=0)
     expected = json.loads((LEGACY / "samples.json").read_text())[kind]
     assert [s.token_ids for s in gen.samples] == expected

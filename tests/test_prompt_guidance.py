@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import draw, run_cli
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.denoiser import Prediction
 from cdlm.guidance import NO_LABEL, Guidance, Guided
-from cdlm.regions import build_canvas, prompt_template
+from cdlm.model_file import load_model
+from cdlm.regions import build_layout, prompt_template
 
 
 class Spy:
@@ -107,9 +107,9 @@ def sample(model, guidance, canvas, seed: int = 2) -> tuple[list[list[int]], int
 
 @pytest.mark.parametrize("fixture", ["tiny_checkpoint", "tiny_masked_checkpoint"])
 def test_w0_and_w1_reproduce_the_unguided_samples(fixture, request):
-    model = load_checkpoint(request.getfixturevalue(fixture))
+    model = load_model(request.getfixturevalue(fixture))
     length = model.config["seq_len"]
-    canvas = build_canvas(prompt_template("Emma said"), model.tokenizer, length, 0)
+    canvas = build_layout(prompt_template("Emma said"), model.tokenizer, length, 0)
     plain, nfe = sample(model, None, canvas)
     assert sample(model, Guidance(scale=1.0, on="prompt"), canvas) == (plain, nfe)
     blind = sample(model, BlindGuidance(scale=0.0, on="prompt"), canvas)
@@ -122,8 +122,8 @@ def test_w0_and_w1_reproduce_the_unguided_samples(fixture, request):
 
 
 def test_the_ar_baseline_refuses_prompt_guidance(tiny_ar_checkpoint):
-    model = load_checkpoint(tiny_ar_checkpoint)
-    canvas = build_canvas(prompt_template("Emma"), model.tokenizer, model.config["seq_len"], 0)
+    model = load_model(tiny_ar_checkpoint)
+    canvas = build_layout(prompt_template("Emma"), model.tokenizer, model.config["seq_len"], 0)
     with pytest.raises(ValueError, match="prompt guidance needs a process whose network sees"):
         sample(model, Guidance(scale=2.0, on="prompt"), canvas)
 

@@ -11,7 +11,7 @@ from cdlm.data.tokenizer import corpus_bpe
 from cdlm.regions import (
     Segment,
     assemble,
-    build_canvas,
+    build_layout,
     parse_template,
     prompt_template,
 )
@@ -91,7 +91,7 @@ def test_prompt_template_is_one_literal_fixed_prefix():
 
 def test_canvas_lengths_flags_and_spans(tok):
     t = "She said [[4]] and [[smiled warmly]] at him."
-    canvas = build_canvas(parse_template(t), tok, seq_len=64, fill_id=FILL)
+    canvas = build_layout(parse_template(t), tok, seq_len=64, fill_id=FILL)
     assert len(canvas.ids) == len(canvas.editable) == 64
     assert len(canvas.spans) == len(canvas.segments)
     # spans tile the canvas in order
@@ -109,22 +109,22 @@ def test_canvas_lengths_flags_and_spans(tok):
 def test_canvas_tail_is_an_editable_blank_at_the_template_end(tok):
     t = "It is a truth [[universally]] acknowledged"
     n = sum(len(ids_of(tok, s)) for s in ("It is a truth ", "universally", " acknowledged"))
-    canvas = build_canvas(parse_template(t), tok, seq_len=n + 7, fill_id=FILL)
+    canvas = build_layout(parse_template(t), tok, seq_len=n + 7, fill_id=FILL)
     assert canvas.segments[-1] == Segment("", True, 7, len(t), len(t))
     assert canvas.spans[-1] == (n, n + 7)
     assert canvas.ids[n:] == [FILL] * 7 and all(canvas.editable[n:])
     # exactly full: no tail
-    full = build_canvas(parse_template(t), tok, seq_len=n, fill_id=FILL)
+    full = build_layout(parse_template(t), tok, seq_len=n, fill_id=FILL)
     assert len(full.segments) == 3 and len(full.ids) == n
 
 
 def test_prompt_canvas_and_empty_prompt(tok):
-    canvas = build_canvas(prompt_template("Emma Woodhouse"), tok, seq_len=20, fill_id=FILL)
+    canvas = build_layout(prompt_template("Emma Woodhouse"), tok, seq_len=20, fill_id=FILL)
     k = len(ids_of(tok, "Emma Woodhouse"))
     assert canvas.editable == [False] * k + [True] * (20 - k)
     assert [s.editable for s in canvas.segments] == [False, True]
     # an empty prompt tokenises to nothing: it is dropped, the whole canvas is the tail
-    empty = build_canvas(prompt_template(""), tok, seq_len=5, fill_id=FILL)
+    empty = build_layout(prompt_template(""), tok, seq_len=5, fill_id=FILL)
     assert empty.segments == [Segment("", True, 5, 0, 0)] and empty.spans == [(0, 5)]
 
 
@@ -132,7 +132,7 @@ def test_template_longer_than_canvas_names_both_numbers(tok):
     t = "Some fixed words and [[30]]"
     n = len(ids_of(tok, "Some fixed words and ")) + 30
     with pytest.raises(ValueError, match=rf"take {n} tokens.*canvas of 16 \(seq_len\)"):
-        build_canvas(parse_template(t), tok, seq_len=16, fill_id=FILL)
+        build_layout(parse_template(t), tok, seq_len=16, fill_id=FILL)
 
 
 # --- assemble ------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_template_longer_than_canvas_names_both_numbers(tok):
 
 def test_round_trip_keeps_fixed_text_byte_identical(tok):
     t = "  naïve — café [[3]]\tdéjà vu, “quoted” [[über]]  \n"
-    canvas = build_canvas(parse_template(t), tok, seq_len=80, fill_id=tok.eos_token_id)
+    canvas = build_layout(parse_template(t), tok, seq_len=80, fill_id=tok.eos_token_id)
     text, regions = assemble(canvas, canvas.ids, tok)
     fixed = [r for r in regions if r.kind == "fixed"]
     assert [r.text for r in fixed] == ["  naïve — café ", "\tdéjà vu, “quoted” ", "  \n"]
@@ -160,7 +160,7 @@ def test_round_trip_keeps_fixed_text_byte_identical(tok):
 
 def test_output_spans_slice_the_output_text(tok):
     t = "Mr. [[2]] called [[on Tuesday]]."
-    canvas = build_canvas(parse_template(t), tok, seq_len=30, fill_id=FILL)
+    canvas = build_layout(parse_template(t), tok, seq_len=30, fill_id=FILL)
     sampled = list(canvas.ids)
     a, b = canvas.spans[1]
     word = ids_of(tok, " Knightley")[: b - a]  # the sampler wrote the blank's 2 tokens
@@ -184,7 +184,7 @@ def test_output_spans_slice_the_output_text(tok):
 
 def test_assemble_refuses_ids_that_changed_a_fixed_region(tok):
     t = "Fixed start [[2]] fixed end"
-    canvas = build_canvas(parse_template(t), tok, seq_len=20, fill_id=FILL)
+    canvas = build_layout(parse_template(t), tok, seq_len=20, fill_id=FILL)
     a, b = canvas.spans[2]
     broken = list(canvas.ids)
     broken[a] = canvas.ids[a] + 1
@@ -208,7 +208,7 @@ class NoSpaceTokenizer:
 
 def test_fixed_text_with_no_tokens_still_comes_back():
     t = "ab[[2]] [[cd]]"  # the fixed " " between the regions tokenises to nothing
-    canvas = build_canvas(parse_template(t), NoSpaceTokenizer(), seq_len=6, fill_id=ord("x"))
+    canvas = build_layout(parse_template(t), NoSpaceTokenizer(), seq_len=6, fill_id=ord("x"))
     assert canvas.spans == [(0, 2), (2, 4), (4, 4), (4, 6)]
     text, regions = assemble(canvas, canvas.ids, NoSpaceTokenizer())
     assert text == "abxx cd" and regions[2].text == " " and regions[2].tokens == (4, 4)

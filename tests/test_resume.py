@@ -29,9 +29,9 @@ from reliability_helpers import train_in_process as run
 from safetensors.torch import load_file
 
 from cdlm.data.order import ResumableLoader, ResumableSampler
-from cdlm.training.checkpointing import Checkpoint, find_resume, is_whole_checkpoint
 from cdlm.training.module import wallclock_cosine
 from cdlm.training.phases import budget_progress
+from cdlm.training.resume import Checkpoint, find_resume, is_whole_checkpoint
 
 TESTS = Path(__file__).parent
 STEPS = 12
@@ -151,7 +151,7 @@ def _slow_save(folder: Path) -> None:
     """In a forked child: overwrite last.ckpt through ``Checkpoint`` with a writer that takes
     seconds, as a large checkpoint does (only Python file writes run in the child)."""
 
-    def save_checkpoint(path, weights_only=False):
+    def save_model(path, weights_only=False):
         with open(path, "wb") as f:
             for _ in range(200):
                 f.write(b"\0" * 65536)
@@ -159,7 +159,7 @@ def _slow_save(folder: Path) -> None:
                 time.sleep(0.02)
 
     trainer = SimpleNamespace(
-        save_checkpoint=save_checkpoint,
+        save_model=save_model,
         lightning_module=torch.nn.Module(),
         global_step=7,
         is_global_zero=True,
@@ -312,7 +312,7 @@ def test_time_based_checkpoints_as_well_as_step_based(
     import lightning as L
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    import cdlm.training.checkpointing as checkpointing
+    import cdlm.training.resume as checkpointing
 
     clock = [0.0]
     monkeypatch.setattr(checkpointing, "time", SimpleNamespace(monotonic=lambda: clock[0]))

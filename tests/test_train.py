@@ -5,8 +5,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging
 
-from cdlm.checkpoint import load_checkpoint
 from cdlm.data import TextDataModule
+from cdlm.model_file import load_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.training.callbacks import ExportModel, LogSamples
@@ -84,7 +84,7 @@ def test_exported_model_holds_the_ema_weights(tiny_corpus, tmp_path, caplog):
     assert [r.message.startswith("[step 5] ") for r in caplog.records].count(True) == 2
     assert samples.last_step == 5
     # the callback reads the configs from the module and the tokenizer from the datamodule
-    model = load_checkpoint(path)
+    model = load_model(path)
     assert model.tokenizer.get_vocab() == data.tokenizer.get_vocab()
     assert {k: v for k, v in model.config.items() if k != "process"} == {
         k: v for k, v in config.items() if k != "process"

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cdlm import config_dir
-from cdlm.checkpoint import CheckpointError, check_model_file
+from cdlm.model_file import ModelFileError, check_model_file
 
 USAGE_ERROR = 2
 
@@ -223,7 +223,7 @@ def require_model_file(path: Any) -> None:
     before cdlm-eval loads its scorer."""
     try:
         check_model_file(path)
-    except CheckpointError as e:
+    except ModelFileError as e:
         raise UsageError(str(e)) from None
 
 

@@ -14,7 +14,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm import config_dir, hub
-from cdlm.checkpoint import load_checkpoint
 from cdlm.cli.common import (
     default_wandb_mode,
     fail,
@@ -33,6 +32,7 @@ from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.generate import sampling_defaults
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
+from cdlm.model_file import load_model
 from cdlm.samplers.grids import GRIDS
 
 
@@ -106,7 +106,7 @@ def full_report(cfg: DictConfig) -> None:
     """The full evaluation; prints the markdown summary, writes JSON + .md, logs to W&B."""
     device = resolve_device(cfg.device)
     sampler = instantiate(cfg.get("sampler"))
-    model = load_checkpoint(cfg.ckpt, device)  # to refuse a bad pair before the scorer loads
+    model = load_model(cfg.ckpt, device)  # to refuse a bad pair before the scorer loads
     harness.check_whole_canvases(
         sampling_defaults(model.process, model.config, cfg.steps, sampler)[1], cfg.cut_at_eos
     )
@@ -167,7 +167,7 @@ def log_to_wandb(result: dict) -> None:
 def evaluate_checkpoint(cfg: DictConfig) -> None:
     if instantiate(cfg.metric).func is harness.evaluate_checkpoint:
         return full_report(cfg)
-    model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
+    model = load_model(cfg.ckpt, resolve_device(cfg.device))
     metric = instantiate(cfg.metric)
     fits = metric.func.processes  # each likelihood says which processes it scores
     require(

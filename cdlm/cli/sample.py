@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from cdlm import config_dir
 from cdlm.canvas import FORMATS, LiveCanvas, Recorder, save
-from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.cli.common import (
     UsageError,
     require,
@@ -31,7 +30,8 @@ from cdlm.cli.common import (
 from cdlm.generate import ROUNDINGS, generate, sampling_defaults
 from cdlm.guidance import GUIDE_ON, Guidance
 from cdlm.io import atomic_write_text
-from cdlm.regions import Canvas, assemble, build_canvas, parse_template, prompt_template
+from cdlm.model_file import Model, load_model
+from cdlm.regions import Layout, assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import check_compatible
 from cdlm.samplers.blockwise import with_cache
 from cdlm.samplers.grids import GRIDS
@@ -116,7 +116,7 @@ def label_index(model: Model, label: str | None) -> int | None:
     return names.index(str(label))
 
 
-def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | None, float]:
+def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Layout | None, float]:
     """The canvas of fixed and editable regions from prompt=/infill=/edit=, and the edit
     strength (1: editable spans start from noise)."""
     strength = cfg.edit_strength if cfg.edit is not None else 1.0
@@ -133,7 +133,7 @@ def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | N
             segments = parse_template(Path(cfg.edit).read_text(encoding="utf-8"))
         else:
             return None, 1.0
-        canvas = build_canvas(segments, tok, seq_len, fill)
+        canvas = build_layout(segments, tok, seq_len, fill)
         if cfg.max_new_tokens is not None:  # the prompt, then that many tokens to generate
             prompt = sum(not e for e in canvas.editable)
             total = prompt + cfg.max_new_tokens
@@ -143,14 +143,14 @@ def read_canvas(cfg: DictConfig, model: Model, seq_len: int) -> tuple[Canvas | N
                     f"make {total} positions, more than the model's {model.config['seq_len']} "
                     "(its training length)"
                 )
-            canvas = build_canvas(segments, tok, total, fill)
+            canvas = build_layout(segments, tok, total, fill)
         return canvas, strength
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
 def watcher(
-    cfg: DictConfig, model: Model, canvas: Canvas | None, guidance: Guidance, steps: int
+    cfg: DictConfig, model: Model, canvas: Layout | None, guidance: Guidance, steps: int
 ) -> Recorder | None:
     """The step recorder behind ``show=canvas`` and ``canvas=PATH`` (None without either)."""
     if cfg.show == "none" and cfg.canvas is None:
@@ -161,7 +161,7 @@ def watcher(
     return Recorder(model.process, fixed, guidance.passes(prompted), on_frame=live)
 
 
-def guidance_on(guidance: Guidance, canvas: Canvas | None) -> str:
+def guidance_on(guidance: Guidance, canvas: Layout | None) -> str:
     """What a guided record was guided on: label, prompt or both."""
     use_label, use_prompt = guidance.targets(canvas is not None and not all(canvas.editable))
     return "both" if use_label and use_prompt else "label" if use_label else "prompt"
@@ -183,7 +183,7 @@ def output_path(out: str | None) -> Path | None:
 
 
 def sample(cfg: DictConfig) -> None:
-    model = load_checkpoint(cfg.ckpt, resolve_device(cfg.device))
+    model = load_model(cfg.ckpt, resolve_device(cfg.device))
     steps, sampler, note = sampling_defaults(
         model.process,
         model.config,

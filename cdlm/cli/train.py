@@ -15,7 +15,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm.checkpoint import load_checkpoint, load_network_weights
 from cdlm.cli.common import (
     UsageError,
     default_wandb_mode,
@@ -27,9 +26,10 @@ from cdlm.cli.common import (
 )
 from cdlm.cli.run_folder import claim, discard_if_unused, hold
 from cdlm.distillation.module import student_of
-from cdlm.training.checkpointing import find_resume, is_whole_checkpoint
+from cdlm.model_file import load_model, load_network_weights
 from cdlm.training.guard import Diverged
 from cdlm.training.module import parse_duration
+from cdlm.training.resume import find_resume, is_whole_checkpoint
 
 
 def _given(overrides: list[str] | None, key: str) -> bool:
@@ -151,7 +151,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
     teacher's tokenizer, sequence length and process and a student copy of its network
     (distillation modules)."""
     if cfg.get("teacher"):
-        teacher = load_checkpoint(cfg.teacher)
+        teacher = load_model(cfg.teacher)
         data = instantiate(cfg.data, seq_len=teacher.config["seq_len"], seed=cfg.seed)
         data.use_tokenizer(teacher.tokenizer)
         data.setup("fit")

@@ -18,9 +18,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.distillation.targets import halvings
 from cdlm.guidance import WithLabel, drop_labels
+from cdlm.model_file import Model, save_model
 from cdlm.training.ema import averaged_copy
 from cdlm.training.module import ValidationMeans, validation_generator
 from cdlm.training.phases import budget_progress
@@ -174,7 +174,7 @@ class Distillation(L.LightningModule):
             model = Model(
                 self.process, self.network, self.trainer.datamodule.tokenizer, self.model_config
             )
-            save_checkpoint(self.round_dir / name, model)
+            save_model(self.round_dir / name, model)
         if self.round_eval is None:
             return
         metrics = self.round_eval(self, self.steps)

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cdlm.checkpoint import Model
 from cdlm.evaluation.levels import level_metrics
+from cdlm.model_file import Model
 from cdlm.rng import generator as generator_for
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import torch
 
-from cdlm.checkpoint import Model, load_checkpoint
 from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity
 from cdlm.evaluation.speed import measure
 from cdlm.generate import decode, sampling_defaults
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
+from cdlm.model_file import Model, load_model
 from cdlm.rng import mixed_seed
 
 
@@ -128,7 +128,7 @@ def evaluate_checkpoint(
     that pads after EOS is refused then (``check_whole_canvases``).
     ``temperature``: the gaussian x0 softmax temperature (``cdlm.generate.generate``)."""
     start = time.perf_counter()
-    model = load_checkpoint(ckpt, device)
+    model = load_model(ckpt, device)
     load_seconds = time.perf_counter() - start
     steps, sampler, note = sampling_defaults(model.process, model.config, steps, sampler)
     if note:

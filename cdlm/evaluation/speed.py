@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from cdlm.checkpoint import Model
 from cdlm.generate import Generation, generate
+from cdlm.model_file import Model
 from cdlm.samplers.base import StepInfo
 
 

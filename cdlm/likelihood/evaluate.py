@@ -9,9 +9,9 @@ from dataclasses import asdict
 import torch
 
 from cdlm import rng
-from cdlm.checkpoint import Model
 from cdlm.data import TextDataModule
 from cdlm.likelihood.terms import likelihood_denoiser
+from cdlm.model_file import Model
 
 
 def corpus_split(

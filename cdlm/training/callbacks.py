@@ -16,10 +16,10 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from cdlm.checkpoint import Model, save_checkpoint
 from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generate import default_sampler, generate
-from cdlm.training.checkpointing import weights_finite
+from cdlm.model_file import Model, save_model
+from cdlm.training.resume import weights_finite
 from cdlm.training.scaling import batch_report, whole_model
 
 
@@ -41,7 +41,7 @@ class ExportModel(L.Callback):
             rank_zero_warn(f"non-finite weights: {self.path} not written, the previous one stays")
             return False
         tokenizer = trainer.datamodule.tokenizer
-        save_checkpoint(self.path, Model(process, network, tokenizer, pl_module.model_config))
+        save_model(self.path, Model(process, network, tokenizer, pl_module.model_config))
         return True
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

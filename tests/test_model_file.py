@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cdlm.checkpoint import CheckpointError, Model, load_checkpoint, save_checkpoint
 from cdlm.data.corpus import Document
 from cdlm.data.tokenizer import train_bpe, wrap
+from cdlm.model_file import Model, ModelFileError, load_model, save_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.schedules import SqrtSchedule
@@ -44,8 +44,8 @@ def model():
 
 def test_round_trip_gives_identical_predictions(model, tmp_path):
     path = tmp_path / "m.safetensors"
-    save_checkpoint(path, model)
-    loaded = load_checkpoint(path)
+    save_model(path, model)
+    loaded = load_model(path)
     x, t = torch.randn(2, 16, 8), torch.rand(2)
     torch.testing.assert_close(loaded.denoiser(x, t).logits, model.denoiser(x, t).logits)
     assert isinstance(loaded.process.schedule, SqrtSchedule)
@@ -55,35 +55,35 @@ def test_round_trip_gives_identical_predictions(model, tmp_path):
 
 def test_failed_write_keeps_the_previous_file(model, tmp_path, monkeypatch):
     path = tmp_path / "m.safetensors"
-    save_checkpoint(path, model)
+    save_model(path, model)
     before = path.read_bytes()
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("cdlm.checkpoint.save_file", broken)
+    monkeypatch.setattr("cdlm.model_file.save_file", broken)
     with pytest.raises(OSError):
-        save_checkpoint(path, model)
+        save_model(path, model)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
 
 
 def test_missing_corrupt_and_foreign_files_are_refused(tmp_path):
-    with pytest.raises(CheckpointError, match="not found"):
-        load_checkpoint(tmp_path / "nope.safetensors")
+    with pytest.raises(ModelFileError, match="not found"):
+        load_model(tmp_path / "nope.safetensors")
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00garbage" * 10)
-    with pytest.raises(CheckpointError, match="cannot read"):
-        load_checkpoint(bad)
+    with pytest.raises(ModelFileError, match="cannot read"):
+        load_model(bad)
     foreign = tmp_path / "foreign.safetensors"
     save_file({"w": torch.zeros(2)}, str(foreign))
-    with pytest.raises(CheckpointError, match="not a cdlm checkpoint"):
-        load_checkpoint(foreign)
+    with pytest.raises(ModelFileError, match="not a cdlm checkpoint"):
+        load_model(foreign)
 
 
 def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
     path = tmp_path / "evil.safetensors"
-    save_checkpoint(path, model)
+    save_model(path, model)
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -93,5 +93,5 @@ def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
     config["network"]["_target_"] = "os.system"
     meta["config"] = json.dumps(config)
     save_file(load_file(str(path)), str(path), metadata=meta)
-    with pytest.raises(CheckpointError, match="disallowed class 'os.system'"):
-        load_checkpoint(path)
+    with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
+        load_model(path)

@@ -31,7 +31,7 @@ FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
 
 
-class CheckpointError(ValueError):
+class ModelFileError(ValueError):
     """A checkpoint is missing, unreadable or not a cdlm model file."""
 
 
@@ -62,7 +62,7 @@ class Model:
         tokenizer files and the ``README.md`` model card (``ref`` names the model in its
         commands; default the folder). Returns the folder."""
         folder = Path(folder)
-        save_checkpoint(folder / hub.WEIGHTS, self)
+        save_model(folder / hub.WEIGHTS, self)
         hub.write_companions(folder, self.config, self.tokenizer, self.card_facts(), ref)
         return folder
 
@@ -74,7 +74,7 @@ class Model:
             return hub.push_folder(tmp, repo_id, token=token, private=private)
 
 
-def save_checkpoint(path: str | Path, model: Model) -> None:
+def save_model(path: str | Path, model: Model) -> None:
     path = Path(path)
     state = {f"process.{k}": v for k, v in model.process.state_dict().items()}
     state |= {f"network.{k}": v for k, v in model.network.state_dict().items()}
@@ -94,7 +94,7 @@ def _check_targets(node: Any) -> None:
     if isinstance(node, dict):
         target = node.get("_target_")
         if target is not None and not str(target).startswith(ALLOWED_TARGETS):
-            raise CheckpointError(f"checkpoint names a disallowed class {target!r}")
+            raise ModelFileError(f"checkpoint names a disallowed class {target!r}")
         for v in node.values():
             _check_targets(v)
 
@@ -135,7 +135,7 @@ def _expected_size(n: int, header: bytes) -> int:
 
 
 def check_model_file(path: str | Path) -> None:
-    """Raises a ``CheckpointError`` saying what ``path`` is when it cannot be a cdlm model file:
+    """Raises a ``ModelFileError`` saying what ``path`` is when it cannot be a cdlm model file:
     missing, empty, a Lightning (torch.save) checkpoint, or a truncated safetensors file.
 
     Reads the safetensors layout (an 8-byte little-endian header length, then a JSON header)
@@ -146,27 +146,27 @@ def check_model_file(path: str | Path) -> None:
     path = Path(str(path))
     if path.is_dir():
         if not (path / hub.WEIGHTS).is_file():
-            raise CheckpointError(
+            raise ModelFileError(
                 f"{path} is a folder without {hub.WEIGHTS} (give a cdlm-train run folder, a "
                 "save_pretrained folder or a model file)"
             )
         path = path / hub.WEIGHTS
     if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise ModelFileError(f"checkpoint not found: {path}")
     size = path.stat().st_size
     if size == 0:
-        raise CheckpointError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
+        raise ModelFileError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
     with path.open("rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little")
         header = f.read(n) if len(head) == 8 and n <= _MAX_HEADER else b""
     if not header.startswith(b"{"):
         if head.startswith(_TORCH_SAVE_MAGIC):
-            raise CheckpointError(_lightning_message(path))
+            raise ModelFileError(_lightning_message(path))
         return
     expected = _expected_size(n, header)
     if size < expected:
-        raise CheckpointError(
+        raise ModelFileError(
             f"cannot read checkpoint {path}: the file is truncated ({size} bytes, its header "
             f"describes {expected}); an interrupted copy or download? copy it again"
         )
@@ -177,13 +177,13 @@ def _local(ref: str | Path, revision: str | None = None) -> tuple[Path, dict]:
     try:
         folder = hub.resolve(ref, revision)
     except hub.HubError as e:
-        raise CheckpointError(str(e)) from None
+        raise ModelFileError(str(e)) from None
     check_model_file(folder)
     facts = hub.read_config(folder).get("card", {}) if folder.is_dir() else {}
     return hub.weights_path(folder), facts
 
 
-def load_checkpoint(
+def load_model(
     path: str | Path, device: str | torch.device = "cpu", revision: str | None = None
 ) -> Model:
     """A model from a ``.safetensors`` file, a model folder (``save_pretrained``, a cdlm-train
@@ -194,9 +194,9 @@ def load_checkpoint(
             meta = f.metadata() or {}
         state = load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+        raise ModelFileError(f"cannot read checkpoint {path}: {e}") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
+        raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
     config["process"] = upgrade_process(config["process"])
@@ -208,7 +208,7 @@ def load_checkpoint(
         try:
             module.load_state_dict(part)
         except RuntimeError as e:
-            raise CheckpointError(f"{path}: weights do not match the stored config: {e}") from None
+            raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
 
@@ -217,24 +217,24 @@ def from_pretrained(
     ref: str | Path, device: str | torch.device = "cpu", revision: str | None = None
 ) -> Model:
     """``cdlm.from_pretrained``: a model folder, a model file or a Hub id (``owner/name``)."""
-    return load_checkpoint(ref, device, revision)
+    return load_model(ref, device, revision)
 
 
 def load_network_weights(network: nn.Module, path: str | Path) -> None:
     """Initialises ``network`` from the network weights of a cdlm checkpoint (e.g. a masked
     model from an AR one, DiffuLLaMA / Dream adaptation); the shapes must match."""
     if not hub.is_hub_id(str(path)) and not Path(path).exists():
-        raise CheckpointError(f"init_from checkpoint not found: {path}")
+        raise ModelFileError(f"init_from checkpoint not found: {path}")
     path, _ = _local(path)
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+        raise ModelFileError(f"cannot read checkpoint {path}: {e}") from None
     part = {k[len("network.") :]: v for k, v in state.items() if k.startswith("network.")}
     try:
         network.load_state_dict(part)
     except RuntimeError as e:
         message = " ".join(str(e).split())
-        raise CheckpointError(
+        raise ModelFileError(
             f"init_from {path}: its network does not fit this one: {message}"
         ) from None

@@ -18,9 +18,9 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from cdlm.checkpoint import Model
 from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.hub import write_companions
+from cdlm.model_file import Model
 from cdlm.training.scaling import batch_sizes, whole_model
 
 
