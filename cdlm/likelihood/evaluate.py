@@ -12,6 +12,7 @@ from cdlm import rng
 from cdlm.data import TextDataModule
 from cdlm.likelihood.terms import likelihood_denoiser
 from cdlm.model_file import Model
+from cdlm.progress import progress
 
 
 def corpus_split(
@@ -48,16 +49,19 @@ def evaluate(
     batch_size: int,
     num_batches: int | None,
     seed: int,
+    desc: str = "likelihood batch",
+    show_progress: bool = True,
 ) -> dict:
     """Runs ``metric(denoiser, process, tokens, generator=...)`` (``elbo`` or ``ode_nll``) on the
-    first ``num_batches`` batches (None: all) and averages every term over sequences."""
+    first ``num_batches`` batches (None: all) and averages every term over sequences. Batches
+    done go to stderr under ``desc`` (see ``cdlm.progress``): an ODE batch takes minutes."""
     device = next(model.network.parameters()).device
     generator = rng.generator(seed, device)
     denoiser = likelihood_denoiser(model.process, model.network)
     batches = list(torch.split(tokens, batch_size))[:num_batches]
     sums: dict[str, float] = {}
     nfe = 0
-    for batch in batches:
+    for batch in progress(batches, desc, enabled=show_progress):
         result = asdict(metric(denoiser, model.process, batch.to(device), generator=generator))
         nfe = max(nfe, result.pop("nfe"))
         for name, values in result.items():

@@ -14,11 +14,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar, Timer, TQDMProgressBar
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
-
-def _clock(seconds: float) -> str:
-    minutes, s = divmod(int(seconds), 60)
-    hours, m = divmod(minutes, 60)
-    return f"{hours}:{m:02d}:{s:02d}" if hours else f"{m}:{s:02d}"
+from cdlm.progress import duration
 
 
 def budget(trainer: L.Trainer) -> tuple[float, float | None, str]:
@@ -31,7 +27,7 @@ def budget(trainer: L.Trainer) -> tuple[float, float | None, str]:
     if timer is not None and timer.time_remaining("train") is not None:
         used = timer.time_elapsed("train")
         total = used + timer.time_remaining("train")
-        return used, total, f"step {step} · {_clock(used)} of {_clock(total)}"
+        return used, total, f"step {step} · {duration(used)} of {duration(total)}"
     return step, None, f"step {step}"
 
 
