@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from cdlm.cli.common import UsageError, compose_checked
 from cdlm.cli.sample import label_index, read_canvas, validate
+from cdlm.configs import compose_checked
 from cdlm.model_file import load_model
+from cdlm.validation import UsageError
 from tests.conftest import run_cli
 
 FAST = ["steps=2", "num_samples=2", "progress=false"]

@@ -21,10 +21,10 @@ from safetensors.torch import save_file
 from cdlm.cli import eval as eval_cli
 from cdlm.cli import sample as sample_cli
 from cdlm.cli import train as train_cli
-from cdlm.cli.common import UsageError, require_number
 from cdlm.model_file import check_model_file
 from cdlm.samplers.grids import make_grid
 from cdlm.schedules import CosineMaskSchedule, LogLinearMaskSchedule
+from cdlm.validation import Number, UsageError
 
 MAINS = {"cdlm-sample": sample_cli.main, "cdlm-eval": eval_cli.main, "cdlm-train": train_cli.main}
 SCALE_NEEDS_LABEL = ("guidance.scale needs", "label=NAME (a class-conditional model)")
@@ -358,11 +358,11 @@ def test_log_snr_grids_name_what_they_need(grid, schedule):
         (None, {"at_least": 1}, "x must be a number >= 1, got None"),
     ],
 )
-def test_require_number_names_key_range_and_value(value, options, message):
+def test_number_rules_name_key_range_and_value(value, options, message):
     with pytest.raises(UsageError) as err:
-        require_number("x", value, **options)
+        Number(**options).check("x", value)
     assert str(err.value) == message
-    require_number("x", None, nullable=True, **options)  # null where allowed
+    Number(nullable=True, **options).check("x", None)  # null where allowed
 
 
 def test_a_whole_safetensors_file_passes_the_header_check(bad_files):

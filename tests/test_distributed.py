@@ -17,8 +17,8 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from safetensors.torch import load_file
 
 from cdlm import config_dir
-from cdlm.cli.run_folder import launched_as_rank_zero
 from cdlm.data.order import BatchShards, ResumableLoader, ResumableSampler, global_batch_index
+from cdlm.run.folder import launched_as_rank_zero
 
 HERE = Path(__file__).parent
 

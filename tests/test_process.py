@@ -144,7 +144,8 @@ def test_objective_is_chosen_by_config_and_a_bad_one_is_refused():
     config time listing the valid ones, and each valid one builds its objective."""
     from hydra.utils import instantiate
 
-    from cdlm.cli.common import UsageError, compose_checked
+    from cdlm.configs import compose_checked
+    from cdlm.validation import UsageError
 
     with pytest.raises(UsageError, match="objective/l1.*ce mse"):
         compose_checked("train", ["objective@process.objective=l1"])

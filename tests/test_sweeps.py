@@ -18,9 +18,10 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
-from cdlm.cli.common import compose_checked
-from cdlm.cli.train import build_logger, validate
+from cdlm.cli.train import validate
+from cdlm.configs import compose_checked
 from cdlm.processes import MaskedProcess
+from cdlm.run.build import build_logger
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_CONFIGS = sorted(p.stem for p in (config_dir() / "experiment").glob("sweep_*.yaml"))

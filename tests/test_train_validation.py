@@ -2,8 +2,9 @@
 
 import pytest
 
-from cdlm.cli.common import UsageError, compose_checked
 from cdlm.cli.train import validate
+from cdlm.configs import compose_checked
+from cdlm.validation import UsageError
 
 
 @pytest.mark.parametrize(

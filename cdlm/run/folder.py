@@ -1,23 +1,25 @@
 """The ``cdlm-train`` run folder: known, checked and locked before Hydra writes into it, kept to
-one training at a time, and left as it was found when the input is refused."""
+one training at a time, left as it was found when the input is refused, and searched for the
+checkpoint that ``resume=auto`` continues from."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cdlm import config_dir
-from cdlm.cli.common import UsageError, hydra_args, require, unwritable
+from cdlm.configs import compose
 from cdlm.io import FolderInUse, folder_lock
+from cdlm.training.resume import find_resume
+from cdlm.validation import UsageError, require, unwritable
 
 _EXISTED: set[Path] = set()  # fixed run folders that were there before this command
 
@@ -51,41 +53,64 @@ def launched_as_rank_zero() -> bool:
     return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
 
 
-def hold(folder: Path):
+def hold(folder: Path) -> AbstractContextManager:
     """The run folder's lock, taken by the job's first process only (``launched_as_rank_zero``):
     the other ranks of a distributed run write into the folder it holds."""
     return folder_lock(folder) if launched_as_rank_zero() else nullcontext()
 
 
-def run_dir(overrides: list[str]) -> tuple[Path | None, bool]:
-    """(``hydra.run.dir`` as Hydra will resolve it, whether it is fixed): fixed unless it is
-    time-stamped (``${now:...}``) or a multirun (one folder per job); None if unknown."""
-    args = hydra_args()
-    if args.multirun or args.cfg or args.info or args.help:  # no run folder is made
-        return None, False
+@dataclass(frozen=True)
+class RunDir:
+    """``hydra.run.dir`` as Hydra will resolve it; ``fixed`` unless it is time-stamped
+    (``${now:...}``), when it is new each time."""
+
+    path: Path
+    fixed: bool
+
+
+def run_dir(overrides: list[str]) -> RunDir | None:
+    """The run folder of a single run with these overrides; None if it cannot be known."""
     try:
-        with initialize_config_dir(str(config_dir()), version_base="1.3"):
-            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg = compose("train", overrides, hydra=True)
         raw = str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
-        return Path(str(cfg.hydra.run.dir)), "${now:" not in raw
+        return RunDir(Path(str(cfg.hydra.run.dir)), "${now:" not in raw)
     except (HydraException, OmegaConfBaseException):
-        return None, False
+        return None
 
 
 def claim(overrides: list[str], locks: ExitStack) -> None:
     """Refuses an output folder that cannot be written or that another run holds; a fixed one is
     locked (in ``locks``) before Hydra writes its ``.hydra/`` files into it. A time-stamped
-    folder is new, and ``train`` locks it once Hydra has made it."""
-    folder, fixed = run_dir(overrides)
+    folder is new, and the training locks it once Hydra has made it. Only for a command that
+    makes a run folder (not a multirun, ``--cfg``, ``--info`` or ``--help``)."""
+    folder = run_dir(overrides)
     if folder is None or not launched_as_rank_zero():
         return
-    problem = unwritable(folder)
-    require(problem is None, f"output folder hydra.run.dir={folder}: {problem}")
-    if not fixed:
+    problem = unwritable(folder.path)
+    require(problem is None, f"output folder hydra.run.dir={folder.path}: {problem}")
+    if not folder.fixed:
         return
-    if folder.exists():
-        _EXISTED.add(folder.resolve())
+    if folder.path.exists():
+        _EXISTED.add(folder.path.resolve())
     try:
-        locks.enter_context(folder_lock(folder))
+        locks.enter_context(folder_lock(folder.path))
     except FolderInUse as e:
         raise UsageError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What ``fit`` resumes from (``ckpt``; None: a fresh start) and, for ``resume=auto``, the
+    folder that was searched for it (``searched``)."""
+
+    ckpt: str | None
+    searched: Path | None = None
+
+
+def resume_point(cfg: DictConfig, folder: Path) -> Resume:
+    """``resume`` as given, or for ``resume=auto`` the newest whole checkpoint of this run."""
+    if cfg.resume != "auto":
+        return Resume(cfg.resume)
+    where = Path(OmegaConf.select(cfg, "callbacks.checkpoint.dirpath") or folder / "checkpoints")
+    found = find_resume(where)
+    return Resume(str(found) if found else None, where)

@@ -1,0 +1,1 @@
+"""A ``cdlm-train`` run: its parts built from the config, and its run folder."""

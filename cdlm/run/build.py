@@ -1,0 +1,140 @@
+"""A training run's parts, built from the Hydra config: data, process, network, module,
+callbacks, logger and trainer. Everything is chosen by ``_target_`` (conf/); this module only
+wires the vocabulary facts of the data into the process and the process's widths into the
+network, or with ``teacher=PATH`` takes them from the teacher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from cdlm.distillation.module import student_of
+from cdlm.model_file import load_model, load_network_weights
+from cdlm.processes.base import Process
+
+
+def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:
+    """The vocabulary facts a process config asks for (its keys left null), from the tokenizer."""
+    known = {
+        "vocab_size": len(tokenizer),
+        "mask_id": tokenizer.mask_token_id,
+        "eos_id": tokenizer.eos_token_id,
+        "bos_id": tokenizer.eos_token_id,  # the AR baseline starts every sequence at EOS
+    }
+    return {k: v for k, v in known.items() if k == "vocab_size" or k in process_cfg}
+
+
+def model_config(
+    cfg: DictConfig, process_kwargs: dict, network_kwargs: dict, labels: list[str]
+) -> dict:
+    """The resolved configs a checkpoint needs to rebuild the model without this run's files."""
+    return {
+        "process": OmegaConf.to_container(cfg.process, resolve=True) | process_kwargs,
+        "network": OmegaConf.to_container(cfg.network, resolve=True) | network_kwargs,
+        "seq_len": cfg.data.seq_len,
+        "labels": labels,
+    }
+
+
+@dataclass
+class Parts:
+    """What a module is made of; ``extra`` holds the module's other keywords (a teacher and its
+    config, or the unigram prior and this model's config)."""
+
+    data: L.LightningDataModule
+    process: Process
+    network: nn.Module
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build(cfg: DictConfig) -> Parts:
+    """From the config, or with ``teacher=PATH`` the teacher's tokenizer, sequence length and
+    process and a student copy of its network (distillation modules)."""
+    if cfg.get("teacher"):
+        teacher = load_model(cfg.teacher)
+        data = instantiate(cfg.data, seq_len=teacher.config["seq_len"], seed=cfg.seed)
+        data.use_tokenizer(teacher.tokenizer)
+        data.setup("fit")
+        extra = {"teacher": teacher.network, "model_config": teacher.config}
+        return Parts(data, teacher.process.train(), student_of(teacher.network), extra)
+    data = instantiate(cfg.data, seed=cfg.seed)
+    data.setup("fit")
+    process_kwargs = token_ids(cfg.process, data.tokenizer)
+    process = instantiate(cfg.process, **process_kwargs)
+    network_kwargs = process.network_kwargs | {
+        "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted prediction
+        "num_classes": len(data.labels) if cfg.condition.labels else 0,
+    }
+    network = instantiate(cfg.network, **network_kwargs)
+    if cfg.init_from:
+        load_network_weights(network, cfg.init_from)
+    extra = {
+        "log_prior": data.log_unigram(),
+        "model_config": model_config(cfg, process_kwargs, network_kwargs, data.labels),
+    }
+    return Parts(data, process, network, extra)
+
+
+@dataclass
+class TrainingRun:
+    """Everything ``trainer.fit`` needs."""
+
+    trainer: L.Trainer
+    module: L.LightningModule
+    data: L.LightningDataModule
+
+    def describe(self) -> str:
+        """Its size, vocabulary and data, in one line."""
+        n_params = sum(p.numel() for p in self.module.parameters())
+        return (
+            f"{n_params / 1e6:.2f}M parameters, vocab {self.data.vocab_size}, "
+            f"{_count(self.data.train_set)} train / {_count(self.data.val_set)} val sequences"
+        )
+
+
+def _count(dataset) -> str:
+    """A dataset's size, or "streamed" for an iterable one (``data.streaming=true``)."""
+    return str(len(dataset)) if hasattr(dataset, "__len__") else "streamed"
+
+
+def setup(cfg: DictConfig) -> TrainingRun:
+    """The run, built from the config; writes nothing."""
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    factory = instantiate(cfg.module, _partial_=True)
+    parts = build(cfg)
+    # A partial, called with the built objects: Hydra would turn them into configs.
+    module = factory(
+        process=parts.process,
+        network=parts.network,
+        optimizer=instantiate(cfg.optimizer),
+        lr_scheduler=instantiate(cfg.get("lr_scheduler")),
+        **parts.extra,
+    )
+    callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
+    logger = build_logger(cfg, parts.process)
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    return TrainingRun(trainer, module, parts.data)
+
+
+def build_logger(cfg: DictConfig, process: Any) -> Logger | bool:
+    """``cfg.logger`` (False: none). A W&B run gets the resolved config plus ``process_kind``, the
+    built process's class (a teacher's when distilling), so that it records the whole recipe, not
+    only what a sweep set; its group and project come from conf/logger/wandb.yaml."""
+    if not cfg.logger:
+        return False
+    # a partial: ``config`` is instantiate's own first argument, and the _target_s in it are data
+    logger = instantiate(cfg.logger, _partial_=True)
+    if not issubclass(logger.func, WandbLogger):
+        return logger()
+    import wandb  # here, as in Lightning: only runs that log to W&B load it
+
+    if wandb.run is not None:  # an earlier job of this multirun, in this process: not this job's
+        wandb.finish()
+    kind = f"{type(process).__module__}.{type(process).__qualname__}"
+    return logger(config=OmegaConf.to_container(cfg, resolve=True) | {"process_kind": kind})
