@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
@@ -25,7 +26,6 @@ from torch import nn
 from cdlm import hub
 from cdlm.data.tokenizer import serialise, wrap
 from cdlm.io import atomic_path
-from cdlm.legacy import upgrade_process, upgrade_state
 
 FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
@@ -183,6 +183,18 @@ def _local(ref: str | Path, revision: str | None = None) -> tuple[Path, dict]:
     return hub.weights_path(folder), facts
 
 
+def _build(path: Path, config: dict[str, Any], part: str) -> nn.Module:
+    """The stored ``part`` config instantiated; one this cdlm cannot build (a file written by
+    another version, say) is named in one line."""
+    try:
+        return instantiate(config[part])
+    except InstantiationException as e:
+        cause = " ".join(str(e.__cause__ or e).split())
+        raise ModelFileError(
+            f"{path}: its {part} config does not fit this version of cdlm: {cause}"
+        ) from None
+
+
 def load_model(
     path: str | Path, device: str | torch.device = "cpu", revision: str | None = None
 ) -> Model:
@@ -199,10 +211,7 @@ def load_model(
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
-    config["process"] = upgrade_process(config["process"])
-    state = upgrade_state(state)
-    process = instantiate(config["process"])
-    network = instantiate(config["network"])
+    process, network = (_build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         try:

@@ -21,12 +21,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import launch
 import torch
 
 from cdlm.evaluation.context import context_ceiling, context_use
@@ -94,13 +91,7 @@ def train(name: str, out: Path, budget_s: float, extra: list[str]) -> dict:
             *extra,
             *([f"init_from={init}"] if init else []),
         ]
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "cdlm.cli.train", *args],
-            check=True,
-            env=os.environ | {"WANDB_MODE": "disabled"},
-        )
-        wall = time.perf_counter() - start
+        wall = launch.train(args, wandb=False).wall_seconds
         init = run_dir / "model.safetensors"
         stages.append({"overrides": args, "wall_seconds": wall, "steps": last_step(run_dir)})
     return {"ckpt": str(init), "stages": stages}

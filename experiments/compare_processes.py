@@ -19,13 +19,10 @@ import argparse
 import csv
 import json
 import math
-import os
 import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import launch
 import torch
 
 from cdlm.evaluation.harness import val_bits_per_token
@@ -47,19 +44,13 @@ def train(process: str, run_dir: Path, args: argparse.Namespace) -> float:
         f"network.d_model={args.d_model}",
         f"network.n_layers={args.n_layers}",
         "logger=csv",
-        "log_samples.num_samples=0",
+        "callbacks.samples.num_samples=0",
         f"lr_scheduler.warmup_steps={max(1, args.steps // 10)}",
         f"hydra.run.dir={run_dir}",
         f"seed={args.seed}",
         f"callbacks.ema.decay={args.ema_decay}",
     ]
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "cdlm.cli.train", *overrides],
-        check=True,
-        env=os.environ | {"WANDB_MODE": "disabled"},
-    )
-    return time.perf_counter() - start
+    return launch.train(overrides, wandb=False).wall_seconds
 
 
 def last_metrics(run_dir: Path) -> dict[str, float]:

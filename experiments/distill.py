@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+import launch
 import torch
 
 from cdlm.evaluation.harness import evaluate_checkpoint
@@ -72,24 +70,15 @@ def distil(
     ]
     if (run / "distill.json").is_file():  # --reuse: distilled by an earlier run
         return json.loads((run / "distill.json").read_text())
-    before, wall_start = os.times(), time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "cdlm.cli.train", *args],
-        env=os.environ | {"WANDB_MODE": "disabled"},
-        check=True,
-    )
-    after = os.times()  # the child's CPU time: what distillation cost on this machine
-    cpu = (after.children_user - before.children_user) + (
-        after.children_system - before.children_system
-    )
+    cost = launch.train(args, wandb=False)  # its CPU time: what distillation cost here
     students = {
         int(p.stem.split("_")[1].removesuffix("steps")): str(p)
         for p in sorted((run / "rounds").glob("round*_*steps.safetensors"))
     }
     record = {
         "args": args,
-        "wall_minutes": (time.perf_counter() - wall_start) / 60,
-        "cpu_minutes": cpu / 60,
+        "wall_minutes": cost.wall_seconds / 60,
+        "cpu_minutes": cost.cpu_seconds / 60,
         "students": students,
     }
     atomic_write_text(run / "distill.json", json.dumps(record, indent=2) + "\n")

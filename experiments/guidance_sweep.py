@@ -27,15 +27,15 @@ import argparse
 import ast
 import gzip
 import json
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
+import launch
 import torch
+from judge import fit_on_corpus
 
 from cdlm.data.corpus import BUNDLED
-from cdlm.evaluation.judge import fit_on_corpus
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer, smollm2_file
 from cdlm.generate import default_sampler, generate
 from cdlm.guidance import Guidance
@@ -119,10 +119,7 @@ def train(process: str, corpus: Path, run_dir: Path, tiny: bool, extra: list[str
     if model.is_file():
         print(f"reusing {model}", flush=True)
         return model
-    command = [
-        sys.executable,
-        "-m",
-        "cdlm.cli.train",
+    overrides = [
         "experiment=quickstart",
         f"process={process}",
         f"data.path={corpus.resolve()}",
@@ -130,8 +127,8 @@ def train(process: str, corpus: Path, run_dir: Path, tiny: bool, extra: list[str
         f"hydra.run.dir={run_dir.resolve()}",
         *(TINY if tiny else extra),
     ]
-    print(" ".join(["cdlm-train", *command[3:]]), flush=True)
-    subprocess.run(command, check=True)
+    print(" ".join(["cdlm-train", *overrides]), flush=True)
+    launch.train(overrides)
     return model
 
 

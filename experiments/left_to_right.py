@@ -3,10 +3,12 @@
 
     python experiments/left_to_right.py CKPT [CKPT ...]
 
-At each scored position k of a val sequence the tokens before k are clean (masked: visible;
-gaussian: t = 0) and the tokens from k on are hidden (masked: [MASK]; gaussian: t = 1), and the
-model's CE (bits) and accuracy at k are averaged over 8 positions x the first 48 val sequences.
-An AR model's val NLL is the matching number for a next-token predictor.
+At each scored position k of a val sequence the tokens before k are clean (t = 0) and the
+tokens from k on are hidden (t = 1: [MASK] for a masked model, noise for a gaussian one), drawn
+by the process's own ``corrupt``; the model's CE (bits) and accuracy at k are averaged over 8
+positions (at 128 tokens: 8, 24, ..., 120) x the first 48 val sequences. A position that the
+draw left visible (a masked schedule keeps a share eps = 1e-3 of tokens at t = 1) is not
+scored. An AR model's val NLL is the matching number for a next-token predictor.
 """
 
 from __future__ import annotations
@@ -20,35 +22,34 @@ from cdlm import rng
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
 
-POSITIONS = (8, 24, 40, 56, 72, 88, 104, 120)
+
+def positions(length: int, count: int = 8) -> list[int]:
+    """``count`` positions at the middles of equal stretches of the sequence."""
+    return [(2 * i + 1) * length // (2 * count) for i in range(count)]
 
 
 @torch.no_grad()
 def left_to_right(ckpt: str, sequences: int = 48) -> dict:
     model = load_model(ckpt)
     process, denoiser = model.process, model.denoiser
+    if not process.noise_levels:
+        raise ValueError(f"left-to-right CE needs a diffusion model, got {process.kind!r}")
     val = corpus_split(model).val_set.tokens[:sequences]
     n, length = val.shape
     generator = rng.generator(0)
-    nats, hits = 0.0, 0
-    for k in POSITIONS:
-        if process.kind == "gaussian":
-            t = torch.ones(n, length)
-            t[:, :k] = 0.0
-            x0 = process.embedding(val)
-            x = process.corrupt(x0, t, torch.randn(x0.shape, generator=generator))
-        elif process.kind == "masked":
-            x = val.clone()
-            x[:, k:] = process.mask_id
-            t = torch.full((n,), (length - k) / length)
-        else:
-            raise ValueError(f"left-to-right CE needs a diffusion model, got {process.kind!r}")
+    nats, hits, scored = 0.0, 0, 0
+    for k in positions(length):
+        t = torch.ones(n, length)
+        t[:, :k] = 0.0
+        c = process.corrupt(val, t, generator)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = denoiser(x, t).logits[:, k].float()
-        logp = torch.log_softmax(logits, -1)
-        nats -= logp.gather(-1, val[:, k : k + 1]).sum().item()
-        hits += (logp.argmax(-1) == val[:, k]).sum().item()
-    scored = n * len(POSITIONS)
+            logits = denoiser(c.x_t, c.t).logits[:, k].float()
+        hidden = c.noisy[:, k]
+        logp = torch.log_softmax(logits[hidden], -1)
+        truth = val[hidden, k]
+        nats -= logp.gather(-1, truth[:, None]).sum().item()
+        hits += (logp.argmax(-1) == truth).sum().item()
+        scored += int(hidden.sum())
     return {"ckpt": ckpt, "bits": nats / scored / math.log(2), "accuracy": hits / scored}
 
 

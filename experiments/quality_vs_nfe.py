@@ -34,11 +34,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from cdlm.evaluation.quality import (  # noqa: E402
-    generative_perplexity,
-    load_scorer,
-    token_entropy,
-)
+from cdlm.evaluation import harness  # noqa: E402
+from cdlm.evaluation.quality import load_scorer  # noqa: E402
 from cdlm.generate import decode  # noqa: E402
 from cdlm.io import atomic_write_text  # noqa: E402
 from cdlm.likelihood.evaluate import validation_tokens  # noqa: E402
@@ -87,10 +84,11 @@ def run(model, x1, label, sampler, grid, steps, options) -> tuple[dict, torch.Te
 
 
 def text_quality(model, tokens: torch.Tensor, scorer) -> dict:
-    """gen-PPL and token entropy of (B, L) token ids, whole canvases."""
+    """gen-PPL and token entropy of (B, L) token ids, whole canvases, as ``cdlm-eval`` scores
+    them (the harness's other diversity figures are left out of this report)."""
     samples = [decode(model.tokenizer, row, cut_at_eos=False) for row in tokens.tolist()]
-    ppl = generative_perplexity([s.text for s in samples], scorer)
-    return {"gen_ppl": ppl.ppl, "token_entropy_bits": token_entropy([s.token_ids for s in samples])}
+    q = harness.text_quality([s.token_ids for s in samples], [s.text for s in samples], scorer)
+    return {k: q[k] for k in ("gen_ppl", "token_entropy_bits")}
 
 
 def main() -> None:

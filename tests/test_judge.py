@@ -1,18 +1,16 @@
-"""Label judges: naive Bayes checked by hand on a 2-word vocabulary, names on a synthetic corpus,
-and the held-out accuracy of the judge fitted on the bundled Austen novels."""
+"""The label judge of experiments/guidance_sweep.py: naive Bayes checked by hand on a 2-word
+vocabulary and on a synthetic corpus, and the held-out accuracy of the judge fitted on the
+bundled Austen novels."""
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cdlm.evaluation.judge import (
-    LabelJudge,
-    characteristic_names,
-    corpus_chunks,
-    fit_on_corpus,
-    name_votes,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from judge import LabelJudge, corpus_chunks, fit_on_corpus  # noqa: E402
 
 SEA = ["the ship sailed on the sea", "waves hit the ship", "a sailor and his boat"]
 FARM = ["the cow ate grass on the farm", "a farmer milked the cow", "hay for the horse"]
@@ -64,29 +62,6 @@ def test_min_count_cuts_vocabulary():
     assert "sailor" in three_class_judge().vocab
     cut = three_class_judge(min_count=2)
     assert "sailor" not in cut.vocab and {"the", "ship", "cow", "tram"} <= set(cut.vocab)
-
-
-def test_characteristic_names_are_exclusive():
-    corpus = {
-        "emma": ["Emma met Harriet. Miss Bates was fine. Fine weather, fine day.", "Emma smiled."],
-        "pride": ["Darcy rode to Netherfield. Miss Bennet saw Darcy's horse.", "Darcy bowed."],
-    }
-    names = characteristic_names(corpus, top_k=5)
-    # Shared "Miss" is excluded; "Fine" is mostly lowercase, so not a name.
-    assert names == {
-        "emma": ["Emma", "Bates", "Harriet"],
-        "pride": ["Darcy", "Bennet", "Netherfield"],
-    }
-    assert characteristic_names(corpus, top_k=1) == {"emma": ["Emma"], "pride": ["Darcy"]}
-
-
-def test_name_votes():
-    names = {"emma": ["Emma", "Harriet"], "pride": ["Darcy", "Bennet"]}
-    assert name_votes("Emma told Harriet about Darcy.", names) == "emma"
-    assert name_votes("Mr. Darcy's letter reached Miss Bennet.", names) == "pride"
-    assert name_votes("She walked to the village.", names) is None
-    assert name_votes("Emma and Darcy.", names) is None  # a tie decides nothing
-    assert name_votes("Emma", {}) is None
 
 
 def test_bundled_corpus_judge_beats_chance():

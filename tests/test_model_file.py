@@ -95,3 +95,31 @@ def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
     save_file(load_file(str(path)), str(path), metadata=meta)
     with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
         load_model(path)
+
+
+@pytest.mark.parametrize(
+    "part, change, named",
+    [
+        ("process", {"ar_steps": 1}, "unexpected keyword argument 'ar_steps'"),  # an old layout
+        ("network", {"_target_": "cdlm.networks.gone.Net"}, "No module named 'cdlm.networks.gone'"),
+    ],
+)
+def test_a_config_this_version_cannot_build_is_named_in_one_line(
+    model, tmp_path, part, change, named
+):
+    path = tmp_path / "old.safetensors"
+    save_model(path, model)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    config = json.loads(meta["config"])
+    config[part] |= change
+    meta["config"] = json.dumps(config)
+    save_file(load_file(str(path)), str(path), metadata=meta)
+    with pytest.raises(ModelFileError) as error:
+        load_model(path)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"its {part} config does not fit this version of cdlm" in message and named in message

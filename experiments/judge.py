@@ -1,14 +1,9 @@
-"""Label judges for class-conditional samples: which novel does a passage come from?
-
-Two judges, both trained on real text only (never on generated samples), so that "label
-accuracy" of guided samples is measured against a fixed yardstick:
-
-- ``LabelJudge``: multinomial naive Bayes over lowercase word counts (McCallum & Nigam 1998,
-  "A comparison of event models for naive Bayes text classification"), with a uniform class
-  prior by default so that it does not favour the longest novel.
-- ``characteristic_names`` / ``name_votes``: each novel's own proper names (Emma, Darcy, ...);
-  cruder, but one can read why a passage got its label.
-"""
+"""The label judge of ``guidance_sweep.py``: which label (novel, domain) does a passage come
+from? Trained on real text only (never on generated samples), so that "label accuracy" of
+guided samples is measured against a fixed yardstick: multinomial naive Bayes over lowercase
+word counts (McCallum & Nigam 1998, "A comparison of event models for naive Bayes text
+classification"), with a uniform class prior by default so that it does not favour the longest
+text."""
 
 from __future__ import annotations
 
@@ -21,8 +16,6 @@ import numpy as np
 from cdlm.data.corpus import load_documents
 
 WORD = re.compile(r"[a-z']+")
-NAME = re.compile(r"\b[A-Z][a-z]+\b")
-LOWERCASE = re.compile(r"\b[a-z]+\b")
 
 
 def words(text: str) -> list[str]:
@@ -82,36 +75,6 @@ class LabelJudge:
     def accuracy(self, texts: list[str], labels: list[str]) -> float:
         hits = [p == y for p, y in zip(self.predict(texts), labels, strict=True)]
         return float(np.mean(hits)) if hits else float("nan")
-
-
-def characteristic_names(
-    texts_by_label: dict[str, list[str]], top_k: int = 10, min_share: float = 0.9
-) -> dict[str, list[str]]:
-    """Per label, the ``top_k`` most frequent capitalised words of which at least ``min_share``
-    of all (raw-count) occurrences are in that label's text. Words that occur lowercase more
-    often than capitalised ("She", "However" at a sentence start) are not names and are skipped."""
-    caps = {c: Counter(NAME.findall(" ".join(ts))) for c, ts in texts_by_label.items()}
-    lower = Counter(w for ts in texts_by_label.values() for t in ts for w in LOWERCASE.findall(t))
-    total = sum(caps.values(), Counter())
-    out = {}
-    for c, counts in caps.items():
-        names = [
-            w
-            for w, n in counts.items()
-            if n >= min_share * total[w] and lower[w.lower()] < total[w]
-        ]
-        out[c] = sorted(names, key=lambda w: (-counts[w], w))[:top_k]
-    return out
-
-
-def name_votes(text: str, names: dict[str, list[str]]) -> str | None:
-    """The label whose characteristic names occur most often in ``text``; None when no name
-    occurs or when the top labels tie (an undecided vote is not a hit)."""
-    found = Counter(NAME.findall(text))
-    votes = {c: sum(found[w] for w in ws) for c, ws in names.items()}
-    best = max(votes.values(), default=0)
-    winners = [c for c, v in votes.items() if v == best]
-    return winners[0] if best > 0 and len(winners) == 1 else None
 
 
 @dataclass
