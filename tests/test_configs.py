@@ -8,11 +8,15 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
-from cdlm.cli.train import token_ids
+from cdlm.distillation.callbacks import EvaluateRounds, Rounds
+from cdlm.distillation.module import Distillation, student_of
+from cdlm.distillation.report import RoundEval
+from cdlm.distillation.targets import halvings
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import PosteriorInput, VectorInput
+from cdlm.run.build import token_ids
 from cdlm.training.module import DiffusionLM
 from cdlm.training.phases import Phases
 
@@ -105,16 +109,46 @@ def test_each_process_chooses_its_phases_and_each_option_reaches_the_callback(pr
 
 @pytest.mark.parametrize("module", options("module"))
 def test_modules_instantiate_with_the_condition_dropout(module):
-    cfg = compose_train(f"module={module}", "condition.dropout=0.25")
+    """Every module config builds its module: the diffusion module from a process and network,
+    a distillation module around a tiny teacher of the process its method accepts, with the
+    method, rounds and round callbacks that its config names."""
+    process_kind = "masked" if module == "distill_sdtt" else "gaussian"
+    tiny = ["network.d_model=16", "network.n_layers=1", "network.n_heads=2"]
+    cfg = compose_train(
+        f"module={module}", f"process={process_kind}", "condition.dropout=0.25", *tiny
+    )
     factory = instantiate(cfg.module, _partial_=True)
     assert factory.keywords["label_dropout"] == 0.25
-    if module != "diffusion":
-        return  # distillation modules need a teacher: tests/test_distillation.py builds them
-    assert factory.func is DiffusionLM
     process = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
     net = instantiate(cfg.network, **process.network_kwargs, max_seq_len=9)
-    lm = factory(process=process, network=net, optimizer=instantiate(cfg.optimizer))
-    assert lm.label_dropout == 0.25 and lm.eval_times == tuple(cfg.module.eval_times)
+    built = {"optimizer": instantiate(cfg.optimizer), "lr_scheduler": instantiate(cfg.lr_scheduler)}
+    if module == "diffusion":
+        assert factory.func is DiffusionLM
+        lm = factory(process=process, network=net, **built)
+        assert lm.label_dropout == 0.25 and lm.eval_times == tuple(cfg.module.eval_times)
+        return
+    student = student_of(net)
+    lm = factory(process=process, network=student, teacher=net, model_config={}, **built)
+    assert isinstance(lm, Distillation) and lm.label_dropout == 0.25 and lm.teacher is net
+    method = cfg.module.method
+    assert type(lm.method).__name__ == method._target_.rsplit(".", 1)[-1]
+    for key, value in method.items():
+        if key == "divergence":
+            assert type(lm.method.divergence).__name__ == value._target_.rsplit(".", 1)[-1]
+        elif key != "_target_":
+            assert getattr(lm.method, key) == value, key
+    end = cfg.module.end_steps
+    rounds = halvings(cfg.module.start_steps, end) if lm.method.halves else [end]
+    assert lm.counts == rounds and lm.steps == rounds[0]
+    assert (lm.ema_target is not None) == (module == "distill_consistency")
+    callbacks = lm.configure_callbacks()
+    assert [type(c) for c in callbacks] == [Rounds, EvaluateRounds]  # round_dir: null
+    assert isinstance(callbacks[1].evaluate, RoundEval)
+    assert callbacks[1].evaluate.num_samples == cfg.module.round_eval.num_samples
+    optimizer = lm.configure_optimizers()["optimizer"]
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in student.parameters()
+    }
 
 
 def test_network_optimizer_scheduler_instantiate():

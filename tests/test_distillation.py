@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from cdlm.denoiser import Prediction
+from cdlm.distillation.callbacks import RoundEnd
 from cdlm.distillation.methods import SDTT, Consistency, Progressive
 from cdlm.distillation.module import Distillation, student_of
 from cdlm.distillation.targets import (
+    ForwardKL,
+    LogProbMSE,
+    ReverseKL,
     consistency_pair,
     ddim_to,
-    divergence,
     halvings,
     progressive_target,
     sdtt_target,
@@ -47,8 +50,54 @@ class ExactTeacher:
         return Prediction(x0=MU + gain * (z - a * MU), logits=torch.zeros(*z.shape[:2], 5))
 
 
+def ddim_step(process, z, x0, t, s):
+    """DDIM's deterministic update (Song et al. 2021, eq. 12, eta = 0) written out here, apart
+    from the library's: z_s = alpha_s x0 + sigma_s (z_t - alpha_t x0) / sigma_t; s = 0 gives x0."""
+    a_t, s_t = process.schedule.alpha(t)[:, None, None], process.schedule.sigma(t)[:, None, None]
+    a_s, s_s = process.schedule.alpha(s)[:, None, None], process.schedule.sigma(s)[:, None, None]
+    stepped = a_s * x0 + s_s * (z - a_t * x0) / s_t
+    return torch.where((s <= 0)[:, None, None], x0, stepped)
+
+
+def test_ddim_to_is_the_probability_flow_of_gaussian_data():
+    """Against closed forms of the probability-flow ODE, not against DDIM: for data at one point
+    MU the flow is z_s = alpha_s MU + (sigma_s / sigma_t)(z_t - alpha_t MU), which one DDIM step
+    with the exact x0 = MU reaches exactly; for x0 ~ N(MU, diag(VAR)) the flow is the affine map
+    between the marginals, z_s = alpha_s MU + (std_s / std_t)(z_t - alpha_t MU) with
+    std_t^2 = alpha_t^2 VAR + sigma_t^2, which n DDIM steps of the exact denoiser approach at
+    first order (the error halves when n doubles)."""
+    process = gaussian_process()
+    schedule = process.schedule
+    g = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(16, 2, D, dtype=torch.float64, generator=g)
+    t, s = (torch.full((16,), v, dtype=torch.float64) for v in (0.9, 0.3))
+    a_t, s_t, a_s, s_s = (
+        f(v)[:, None, None] for v in (t, s) for f in (schedule.alpha, schedule.sigma)
+    )
+    point = a_s * MU + (s_s / s_t) * (z - a_t * MU)
+    torch.testing.assert_close(
+        ddim_to(process, z, MU.expand_as(z), t, s), point, atol=1e-12, rtol=0
+    )
+    torch.testing.assert_close(ddim_to(process, z, MU.expand_as(z), t, 0 * s), MU.expand_as(z))
+
+    teacher = ExactTeacher(process)
+
+    def ddim(n):
+        x, grid = z, torch.linspace(0.9, 0.3, n + 1, dtype=torch.float64)
+        for hi, lo in zip(grid[:-1], grid[1:], strict=True):
+            t_hi, t_lo = hi.expand(16), lo.expand(16)
+            x = ddim_to(process, x, teacher(x, t_hi).x0, t_hi, t_lo)
+        return x
+
+    std_t, std_s = ((a**2 * VAR + sg**2).sqrt() for a, sg in ((a_t, s_t), (a_s, s_s)))
+    flow = a_s * MU + (std_s / std_t) * (z - a_t * MU)
+    coarse, fine = (float((ddim(n) - flow).abs().max()) for n in (200, 400))
+    assert fine < 1e-2 and 0.45 < fine / coarse < 0.55
+
+
 def test_progressive_target_makes_one_student_step_equal_two_teacher_steps():
-    """One DDIM step with the target as x0 lands exactly where two teacher DDIM steps land."""
+    """One DDIM step with the target as x0 lands exactly where two teacher DDIM steps land, both
+    taken with the update written out in this file (``ddim_step``)."""
     process = gaussian_process()
     teacher = ExactTeacher(process)
     g = torch.Generator().manual_seed(0)
@@ -58,9 +107,9 @@ def test_progressive_target_makes_one_student_step_equal_two_teacher_steps():
         t_end = torch.full((64,), (i - 1) / 8, dtype=torch.float64)
         t_mid = (t + t_end) / 2
         target = progressive_target(teacher, process, z, t, t_mid, t_end)
-        z_mid = ddim_to(process, z, teacher(z, t).x0, t, t_mid)
-        two = ddim_to(process, z_mid, teacher(z_mid, t_mid).x0, t_mid, t_end)
-        one = ddim_to(process, z, target, t, t_end)
+        z_mid = ddim_step(process, z, teacher(z, t).x0, t, t_mid)
+        two = ddim_step(process, z_mid, teacher(z_mid, t_mid).x0, t_mid, t_end)
+        one = ddim_step(process, z, target, t, t_end)
         torch.testing.assert_close(one, two, atol=1e-10, rtol=0)
 
 
@@ -199,12 +248,10 @@ def test_divergences_are_the_named_kl_and_mse():
     q = torch.log(torch.tensor([[0.25, 0.75, 0.0]], dtype=torch.float64))
     rev = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
     fwd = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
-    assert float(divergence(s, q, "reverse_kl")) == pytest.approx(rev, rel=1e-12)
-    assert float(divergence(s, q, "forward_kl")) == pytest.approx(fwd, rel=1e-12)
+    assert float(ReverseKL()(s, q)) == pytest.approx(rev, rel=1e-12)
+    assert float(ForwardKL()(s, q)) == pytest.approx(fwd, rel=1e-12)
     mse = (math.log(0.5) - math.log(0.25)) ** 2 + (math.log(0.5) - math.log(0.75)) ** 2
-    assert float(divergence(s, q, "mse")) == pytest.approx(mse, rel=1e-12)
-    with pytest.raises(ValueError, match="unknown divergence"):
-        divergence(s, q, "l1")
+    assert float(LogProbMSE()(s, q)) == pytest.approx(mse, rel=1e-12)
 
 
 def test_rounds_halve_to_the_end_count():
@@ -262,6 +309,180 @@ def test_teacher_is_untouched_and_outside_the_student_module():
     }
 
 
+TINY_NET = {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16}
+
+
+def tiny_masked_teacher(vocab_size: int = 12, mask_id: int = 11):
+    torch.manual_seed(0)
+    process = MaskedProcess(vocab_size=vocab_size, mask_id=mask_id)
+    network = Transformer(**TINY_NET, **process.network_kwargs)
+    for p in network.parameters():
+        p.data += 0.05 * torch.randn_like(p)
+    return process, network.eval()
+
+
+def test_sdtt_loss_is_a_function_of_its_generator():
+    """The validation loss is reproducible from its generator alone: the same seed gives the same
+    loss whatever the global RNG holds (the mask is drawn from the generator too)."""
+    process, teacher = tiny_masked_teacher()
+    student = student_of(teacher).eval()
+    batch = {"tokens": torch.randint(0, 11, (8, 12), generator=torch.Generator().manual_seed(5))}
+    losses = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        out = SDTT().loss(
+            process,
+            process.make_denoiser(student),
+            process.make_denoiser(teacher),
+            batch,
+            4,
+            torch.Generator().manual_seed(0),
+        )
+        losses.append(float(out.loss))
+    assert losses[0] == losses[1] and losses[0] > 0
+
+
+class RecordRounds(RoundEnd):
+    """What each round end sees, and the student step count each training batch used."""
+
+    def __init__(self) -> None:
+        self.ends, self.steps_used = [], []
+
+    def on_round_end(self, trainer, module) -> None:
+        state = {k: v.clone() for k, v in module.network.state_dict().items()}
+        teacher = {k: v.clone() for k, v in module.teacher.state_dict().items()}
+        self.ends.append((module.round, module.steps, trainer.global_step, state, teacher))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps_used.append(pl_module.steps)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k].cpu(), b[k].cpu()), k
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "masked"])
+def test_two_rounds_hand_the_student_to_the_teacher_and_halve_the_steps(
+    tiny_corpus, tmp_path, kind, caplog
+):
+    """4 training steps over rounds of 2 then 1 student steps (start_steps=4): the first two
+    batches train the 2-step student against the original teacher; then round 1 ends (its
+    student written to round_dir and evaluated, the teacher not yet replaced), the round-1
+    student becomes the teacher, and the last two batches train the 1-step student against it.
+    The end of training ends round 2."""
+    import lightning as L
+
+    from cdlm.data import TextDataModule
+    from cdlm.model_file import load_model
+
+    data = TextDataModule(path=str(tiny_corpus), vocab_size=300, seq_len=8, batch_size=4)
+    data.setup()
+    if kind == "gaussian":
+        torch.manual_seed(0)
+        process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=4, input=PosteriorInput())
+        teacher = Transformer(**TINY_NET, **process.network_kwargs)
+        method, name = Progressive(), "progressive"
+        process_config = {
+            "_target_": "cdlm.processes.gaussian.GaussianProcess",
+            "vocab_size": data.vocab_size,
+            "embed_dim": 4,
+            "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput"},
+        }
+    else:
+        process, teacher = tiny_masked_teacher(data.vocab_size, data.tokenizer.mask_token_id)
+        method, name = SDTT(), "sdtt"
+        process_config = {
+            "_target_": "cdlm.processes.masked.MaskedProcess",
+            "vocab_size": data.vocab_size,
+            "mask_id": data.tokenizer.mask_token_id,
+        }
+    network_config = {"_target_": "cdlm.networks.transformer.Transformer"} | TINY_NET
+    network_config |= process.network_kwargs
+    model_config = {
+        "process": process_config,
+        "network": network_config,
+        "seq_len": 8,
+        "labels": [],
+    }
+    original = {k: v.clone() for k, v in teacher.state_dict().items()}
+    evaluated = []
+
+    def round_eval(module, steps):
+        evaluated.append((module.round + 1, steps))
+        return {"steps": float(steps)}
+
+    module = Distillation(
+        process,
+        student_of(teacher),
+        teacher,
+        method,
+        lambda p: torch.optim.AdamW(p, lr=1e-2),
+        start_steps=4,
+        end_steps=1,
+        model_config=model_config,
+        round_eval=round_eval,
+        round_dir=str(tmp_path / "rounds"),
+    )
+    record = RecordRounds()
+    trainer = L.Trainer(
+        max_steps=4,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[record],
+    )
+    with caplog.at_level("INFO"):
+        trainer.fit(module, datamodule=data)
+
+    assert record.steps_used == [2, 2, 1, 1]
+    assert [(r, steps, step) for r, steps, step, _, _ in record.ends] == [(0, 2, 2), (1, 1, 4)]
+    assert evaluated == [(1, 2), (2, 1)]
+    (_, _, _, student1, teacher1), (_, _, _, student2, teacher2) = record.ends
+    assert_same_weights(teacher1, original)  # round 1: the original teacher, untouched
+    assert_same_weights(teacher2, student1)  # round 2: taught by the student of round 1
+    assert_same_weights(module.teacher.state_dict(), student1)
+    assert any(not torch.equal(student1[k], v) for k, v in original.items())
+    assert any(not torch.equal(student2[k], v) for k, v in student1.items())
+    for k, steps, student in ((1, 2, student1), (2, 1, student2)):
+        saved = load_model(tmp_path / "rounds" / f"round{k}_{steps}steps.safetensors")
+        assert_same_weights(saved.network.state_dict(), student)
+        record_ = saved.config["distillation"]
+        assert (record_["round"], record_["rounds"], record_["steps"]) == (k, 2, steps)
+    started = [r.getMessage() for r in caplog.records if "distillation round" in r.getMessage()]
+    assert started == [
+        f"distillation round 1/2 ({name}): teacher 4 steps -> student 2 steps",
+        f"distillation round 2/2 ({name}): teacher 2 steps -> student 1 steps",
+    ]
+
+
+@pytest.mark.parametrize("module_kind", ["diffusion", "distillation"])
+def test_both_modules_refuse_a_wallclock_schedule_on_several_processes(module_kind):
+    """Each process would read its own clock: the schedules, then the replicas, would drift. The
+    training module and the distillation module share the optimizer set-up, guard included."""
+    from types import SimpleNamespace
+
+    from cdlm.training.lr_schedules import wallclock_cosine
+    from cdlm.training.module import DiffusionLM
+
+    process, teacher = tiny_gaussian_teacher()
+    schedule = {"optimizer": torch.optim.AdamW, "lr_scheduler": lambda o: wallclock_cosine(o, 60)}
+    if module_kind == "diffusion":
+        module = DiffusionLM(process, teacher, **schedule)
+    else:
+        module = Distillation(process, student_of(teacher), teacher, Progressive(), **schedule)
+    module.trainer = SimpleNamespace(world_size=1)
+    assert module.configure_optimizers()["lr_scheduler"]["interval"] == "step"
+    module.trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="wallclock_cosine is for single-process runs"):
+        module.configure_optimizers()
+
+
 def test_methods_refuse_the_wrong_process():
     process, teacher = tiny_gaussian_teacher()
     with pytest.raises(ValueError, match="sdtt distillation applies to masked"):
@@ -273,19 +494,20 @@ def test_methods_refuse_the_wrong_process():
 @pytest.mark.parametrize(
     ("fixture", "module", "options"),
     [
-        ("tiny_checkpoint", "distill_progressive", ["module.start_steps=8"]),
+        ("tiny_checkpoint", "distill_progressive", ["module.start_steps=16"]),
         pytest.param(
             "tiny_masked_checkpoint",
             "distill_sdtt",
-            ["module.start_steps=8"],
+            ["module.start_steps=16"],
             marks=pytest.mark.slow,  # the same path as the gaussian case, ~15 s
         ),
     ],
 )
 def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, module, options):
-    """cdlm-train module=... teacher=PATH leaves the teacher file byte-identical; the student is
-    an ordinary model file that cdlm-sample loads with no teacher present, at steps=4 or at its
-    own recorded step count (and says so)."""
+    """cdlm-train module=... teacher=PATH runs the module's rounds with the default callbacks (2
+    steps over rounds of 8 then 4 student steps, each round's student kept) and leaves the
+    teacher file byte-identical; the student is an ordinary model file that cdlm-sample loads
+    with no teacher present, at its own recorded step count (and says so) or at steps=2."""
     import shutil
 
     from conftest import run_cli
@@ -301,6 +523,7 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
         "module.end_steps=4",
         "module.round_eval.num_samples=1",
         "module.round_eval.scorer=none",
+        f"module.round_dir={tmp_path / 'rounds'}",
         *options,
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
@@ -313,6 +536,9 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "distillation round 2/2" in result.stderr and "round 2 (4 steps)" in result.stderr
+    rounds = sorted(p.name for p in (tmp_path / "rounds").iterdir())
+    assert rounds == ["round1_8steps.safetensors", "round2_4steps.safetensors"]
     assert teacher.read_bytes() == before
     teacher.unlink()
     student = run / "model.safetensors"

@@ -29,7 +29,7 @@ from reliability_helpers import train_in_process as run
 from safetensors.torch import load_file
 
 from cdlm.data.order import ResumableLoader, ResumableSampler
-from cdlm.training.module import wallclock_cosine
+from cdlm.training.lr_schedules import wallclock_cosine
 from cdlm.training.phases import budget_progress
 from cdlm.training.resume import Checkpoint, find_resume, is_whole_checkpoint
 

@@ -10,7 +10,8 @@ from cdlm.model_file import load_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.training.callbacks import ExportModel, LogSamples
-from cdlm.training.module import DiffusionLM, wallclock_cosine, warmup_cosine
+from cdlm.training.lr_schedules import wallclock_cosine, warmup_cosine
+from cdlm.training.module import DiffusionLM
 
 
 def build(tiny_corpus):

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from cdlm.denoiser import Denoiser
 from cdlm.distillation.targets import (
+    Divergence,
+    ReverseKL,
     consistency_pair,
-    divergence,
     progressive_target,
     sdtt_target,
 )
@@ -106,9 +107,10 @@ class Consistency:
 
 class SDTT:
     """Self-Distillation Through Time (Deschenaux & Gulcehre 2024) for masked processes: at
-    every masked position the student's one-step prediction matches, by ``divergence``
-    (``reverse_kl``, the paper's default; ``forward_kl``; ``mse`` of log-probabilities), the
-    distribution the teacher reaches in two ancestral steps of size 1/teacher_steps."""
+    every masked position the student's one-step prediction matches, by ``divergence`` (a
+    ``cdlm.distillation.targets.Divergence``: ``ReverseKL``, the paper's default; ``ForwardKL``;
+    ``LogProbMSE``), the distribution the teacher reaches in two ancestral steps of size
+    1/teacher_steps."""
 
     name = "sdtt"
     process_kinds = ("masked",)
@@ -116,12 +118,16 @@ class SDTT:
     sampler = "ancestral"
     uses_ema_target = False
 
-    def __init__(self, divergence: str = "reverse_kl", teacher_steps_per_step: int = 2) -> None:
-        if divergence not in ("reverse_kl", "forward_kl", "mse"):
+    def __init__(
+        self, divergence: Divergence | None = None, teacher_steps_per_step: int = 2
+    ) -> None:
+        if divergence is not None and not isinstance(divergence, Divergence):
             raise ValueError(
-                f"unknown divergence {divergence!r}; valid: reverse_kl, forward_kl, mse"
+                f"unknown divergence {divergence!r}; valid: a cdlm.distillation.targets.Divergence "
+                "(ReverseKL, ForwardKL, LogProbMSE)"
             )
-        self.divergence, self.k = divergence, teacher_steps_per_step
+        self.divergence = ReverseKL() if divergence is None else divergence
+        self.k = teacher_steps_per_step
 
     def loss(
         self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
@@ -129,11 +135,12 @@ class SDTT:
         tokens, valid = batch["tokens"], valid_mask(batch)
         # one shared t per batch: the teacher's steps are whole-batch calls at one level
         t = float(process.sample_t(1, generator, device=tokens.device))
-        c = process.corrupt(tokens, torch.full((tokens.shape[0],), t, device=tokens.device))
+        t_rows = torch.full((tokens.shape[0],), t, device=tokens.device)
+        c = process.corrupt(tokens, t_rows, generator)
         dt = 1.0 / (steps * self.k)
         target = sdtt_target(teacher, process, c.x_t, t, dt, self.k, generator)
         scored = c.noisy & valid
         student_logp = student(c.x_t, c.t).logits
-        div = divergence(student_logp[scored], target[scored], self.divergence)
+        div = self.divergence(student_logp[scored], target[scored])
         loss = div.mean() if div.numel() else student_logp.sum() * 0.0
         return LossOutput(loss.float(), {"divergence": loss.detach().float()})

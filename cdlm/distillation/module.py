@@ -1,6 +1,7 @@
 """The distillation LightningModule, beside ``DiffusionLM`` (not a subclass): a frozen teacher, a
 student that starts from the teacher's weights, a ``method`` (``cdlm.distillation.methods``) and
-rounds that halve the student's step count, each a share of the budget.
+rounds that halve the student's step count, each a share of the budget (advanced by the callbacks
+of ``cdlm.distillation.callbacks``, which the module contributes itself).
 
 The teacher and the consistency EMA target are kept out of the module's children, so the
 optimizer, the EMA callback and the exported model see the student alone; they are saved in
@@ -11,19 +12,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from cdlm.distillation.callbacks import EvaluateRounds, KeepRoundStudents, Rounds
 from cdlm.distillation.targets import halvings
-from cdlm.guidance import WithLabel, drop_labels
-from cdlm.model_file import Model, save_model
 from cdlm.training.ema import averaged_copy
 from cdlm.training.module import ValidationMeans, validation_generator
-from cdlm.training.phases import budget_progress
+from cdlm.training.optim import (
+    OptimizerFactory,
+    SchedulerFactory,
+    check_label_dropout,
+    configure_optimization,
+    training_labels,
+    with_labels,
+)
 
 
 class Distillation(L.LightningModule):
@@ -42,9 +47,9 @@ class Distillation(L.LightningModule):
         model_config: the teacher's model config; the student's adds a ``distillation`` record
             (method, round, steps, grid, sampler) that cdlm-sample and cdlm-eval default to.
         round_eval: called at the end of every round with (module, steps) -> dict of metrics to
-            log (``cdlm.distillation.report.RoundEval``), or None.
+            log (``cdlm.distillation.report.RoundEval``; ``callbacks.EvaluateRounds``), or None.
         round_dir: if set, each round's student is also written there as
-            ``round<k>_<steps>steps.safetensors`` (the students of every step count, for tables).
+            ``round<k>_<steps>steps.safetensors`` (``callbacks.KeepRoundStudents``).
     """
 
     needs_teacher = True  # cdlm-train loads teacher=PATH and passes its network
@@ -55,8 +60,8 @@ class Distillation(L.LightningModule):
         network: nn.Module,
         teacher: nn.Module,
         method,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        lr_scheduler: Callable | None = None,
+        optimizer: OptimizerFactory,
+        lr_scheduler: SchedulerFactory | None = None,
         start_steps: int = 64,
         end_steps: int = 4,
         ema_decay: float = 0.99,
@@ -76,8 +81,8 @@ class Distillation(L.LightningModule):
         self.process, self.network, self.method = process, network, method
         self.process.requires_grad_(False)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
-        self.label_dropout, self.round_eval = label_dropout, round_eval
-        self.round_dir = Path(round_dir) if round_dir else None
+        self.label_dropout = check_label_dropout(label_dropout)
+        self.round_eval, self.round_dir = round_eval, round_dir
         self.counts = halvings(start_steps, end_steps) if method.halves else [end_steps]
         self.round = 0
         teacher = teacher.eval().requires_grad_(False)
@@ -113,11 +118,8 @@ class Distillation(L.LightningModule):
         student = self.process.make_denoiser(self.network)
         teacher = self.process.make_denoiser(self.teacher)
         target = self.ema_target and self.process.make_denoiser(self.ema_target.module)
-        if getattr(self.network, "num_classes", 0) > 0:
-            label = drop_labels(batch["label"], self.label_dropout)
-            student, teacher = WithLabel(student, label), WithLabel(teacher, label)
-            target = target and WithLabel(target, label)
-        return student, teacher, target
+        labels = training_labels(self.network, batch, self.label_dropout)
+        return tuple(with_labels(d, labels) for d in (student, teacher, target))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         student, teacher, target = self._denoisers(batch)
@@ -140,51 +142,20 @@ class Distillation(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self.val_means.log(self)
 
-    def on_train_batch_start(self, batch, batch_idx) -> None:
-        progress = budget_progress(self.trainer)
-        if progress is None:
-            raise ValueError("distillation rounds are shares of the budget: set trainer.max_steps")
-        wanted = min(len(self.counts) - 1, int(progress * len(self.counts)))
-        if wanted == self.round and batch_idx + self.trainer.global_step > 0:
-            return
-        if wanted != self.round:
-            self._end_round()
-            if self.method.halves:  # the student of round k teaches round k + 1
-                self.teacher.load_state_dict(self.network.state_dict())
-            self.round = wanted
-        teacher_steps = self.steps * 2 if self.method.halves else self.method.solver_steps
-        rank_zero_info(
-            f"distillation round {self.round + 1}/{len(self.counts)} ({self.method.name}): "
-            f"teacher {teacher_steps} steps -> student {self.steps} steps"
-        )
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The rounds (``cdlm.distillation.callbacks``): the module brings them, so that every
+        trainer it is fitted by runs them, whatever its ``callbacks`` config."""
+        callbacks: list[L.Callback] = [Rounds()]
+        if self.round_dir:
+            callbacks.append(KeepRoundStudents(self.round_dir))
+        if self.round_eval is not None:
+            callbacks.append(EvaluateRounds(self.round_eval))
+        return callbacks
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.ema_target is not None:
             self.ema_target.to(self.device)
             self.ema_target.update_parameters(self.network)
-
-    def on_train_end(self) -> None:
-        self._end_round()
-
-    def _end_round(self) -> None:
-        if self.trainer.sanity_checking:
-            return
-        if self.round_dir is not None and self.global_rank == 0:
-            name = f"round{self.round + 1}_{self.steps}steps.safetensors"
-            model = Model(
-                self.process, self.network, self.trainer.datamodule.tokenizer, self.model_config
-            )
-            save_model(self.round_dir / name, model)
-        if self.round_eval is None:
-            return
-        metrics = self.round_eval(self, self.steps)
-        metrics = {f"round/{k}": v for k, v in metrics.items()} | {"round": self.round + 1}
-        for logger in self.trainer.loggers:
-            logger.log_metrics(metrics, step=self.trainer.global_step)
-        rank_zero_info(
-            f"round {self.round + 1} ({self.steps} steps): "
-            + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if k != "round")
-        )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["distillation"] = {
@@ -201,14 +172,9 @@ class Distillation(L.LightningModule):
             self.ema_target.load_state_dict(saved["ema_target"])
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.network.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return configure_optimization(
+            self, self.network.parameters(), self.optimizer_factory, self.scheduler_factory
+        )
 
 
 def student_of(teacher: nn.Module) -> nn.Module:

@@ -13,6 +13,7 @@ the forward process, so that the closed-form tests and the training modules shar
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import torch
 from torch import Tensor
@@ -77,9 +78,7 @@ def sdtt_target(
         t_k, s_k = max(t - k * dt, 0.0), max(t - (k + 1) * dt, 0.0)
         tt = torch.full((z.shape[0],), t_k, device=z.device)
         logp = teacher(x, tt).logits
-        k_t, k_s = float(keep(torch.tensor(t_k))), float(keep(torch.tensor(s_k)))
-        p_reveal = 1.0 if s_k <= 0 else (k_s - k_t) / (1.0 - k_t)
-        iv = Interval(t=t_k, s=s_k, steps_left=steps - k, p_reveal=p_reveal)
+        iv = Interval.between(keep, t_k, s_k, steps - k)
         open_ = x == process.mask_id
         new = step_ancestral(x, logp, open_, iv, generator)
         revealed = open_ & (new != process.mask_id)
@@ -90,23 +89,42 @@ def sdtt_target(
     return torch.where(still[..., None], logp, target)
 
 
-def divergence(student_logp: Tensor, teacher_logp: Tensor, name: str) -> Tensor:
-    """Per-row divergence (N,) between log-probabilities (N, V): ``reverse_kl`` KL(student ||
-    teacher) (SDTT's default), ``forward_kl`` KL(teacher || student), or ``mse`` of the
-    log-probabilities. -inf entries (SUBS' [MASK]) contribute nothing."""
-    s, q = student_logp.double(), teacher_logp.double()
-    finite = torch.isfinite(s) & torch.isfinite(q)
-    # zero the -inf entries first: a where() after the arithmetic would still send NaN gradients
-    s, q = torch.where(finite, s, 0.0), torch.where(finite, q, 0.0)
-    if name == "reverse_kl":
-        terms = s.exp() * (s - q)
-    elif name == "forward_kl":
-        terms = q.exp() * (q - s)
-    elif name == "mse":
-        terms = (s - q) ** 2
-    else:
-        raise ValueError(f"unknown divergence {name!r}; valid: reverse_kl, forward_kl, mse")
-    return torch.where(finite, terms, 0.0).sum(-1)
+class Divergence(ABC):
+    """A per-row divergence (N,) between a student's and a teacher's log-probabilities (N, V),
+    summed over the vocabulary in float64. -inf entries (SUBS' [MASK]) contribute nothing.
+    Subclasses give the per-entry ``terms``; SDTT takes one by ``_target_``."""
+
+    @abstractmethod
+    def terms(self, s: Tensor, q: Tensor) -> Tensor:
+        """Per-entry terms (N, V) of finite log-probabilities (-inf entries already zeroed)."""
+
+    def __call__(self, student_logp: Tensor, teacher_logp: Tensor) -> Tensor:
+        s, q = student_logp.double(), teacher_logp.double()
+        finite = torch.isfinite(s) & torch.isfinite(q)
+        # zero the -inf entries first: a where() after the arithmetic would still send NaN gradients
+        s, q = torch.where(finite, s, 0.0), torch.where(finite, q, 0.0)
+        return torch.where(finite, self.terms(s, q), 0.0).sum(-1)
+
+
+class ReverseKL(Divergence):
+    """KL(student || teacher), mode-seeking: SDTT's default."""
+
+    def terms(self, s: Tensor, q: Tensor) -> Tensor:
+        return s.exp() * (s - q)
+
+
+class ForwardKL(Divergence):
+    """KL(teacher || student), mass-covering."""
+
+    def terms(self, s: Tensor, q: Tensor) -> Tensor:
+        return q.exp() * (q - s)
+
+
+class LogProbMSE(Divergence):
+    """The squared error of the log-probabilities."""
+
+    def terms(self, s: Tensor, q: Tensor) -> Tensor:
+        return (s - q) ** 2
 
 
 def halvings(start: int, end: int) -> list[int]:

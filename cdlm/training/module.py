@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import lightning as L
 import torch
@@ -14,104 +12,15 @@ from cdlm import rng
 from cdlm.data.order import global_batch_index
 from cdlm.denoiser import Denoiser
 from cdlm.evaluation.levels import level_metrics
-from cdlm.guidance import WithLabel, drop_labels
 from cdlm.processes.base import Process
-
-
-def _cosine(progress: float, min_ratio: float) -> float:
-    """Cosine decay from 1 at progress 0 to ``min_ratio`` at progress >= 1."""
-    progress = min(1.0, progress)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer,
-    warmup_steps: float,
-    total_steps: int,
-    min_ratio: float = 0.1,
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio`` of the peak at
-    ``total_steps``. Both are in optimizer steps, so a short budget gets a short schedule;
-    ``warmup_steps`` < 1 is a fraction of ``total_steps``."""
-    if total_steps is None or total_steps < 1:
-        raise ValueError(
-            f"warmup_cosine needs a step budget (trainer.max_steps >= 1), got {total_steps}; "
-            "for a time budget use lr_scheduler=wallclock_cosine"
-        )
-    warmup = max(1, round(warmup_steps * total_steps if warmup_steps < 1 else warmup_steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return _cosine((step - warmup) / max(1, total_steps - warmup), min_ratio)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def parse_duration(budget: str | float) -> float:
-    """Seconds from a number or Lightning's ``max_time`` string "DD:HH:MM:SS"."""
-    if budget is None:
-        raise ValueError("wallclock_cosine needs a time budget: set trainer.max_time")
-    if isinstance(budget, int | float):
-        return float(budget)
-    try:
-        days, hours, minutes, seconds = (float(p) for p in str(budget).split(":"))
-    except ValueError:
-        raise ValueError(f"budget must be seconds or 'DD:HH:MM:SS', got {budget!r}") from None
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-class WallclockLR(torch.optim.lr_scheduler.LambdaLR):
-    """A ``LambdaLR`` whose factor is a function of the wall clock spent, which it keeps in its
-    ``state_dict``: a resumed run continues the schedule where the checkpoint left it instead
-    of restarting its clock (Lightning saves and restores scheduler states)."""
-
-    def __init__(self, optimizer, factor: Callable[[float], float], clock: Callable[[], float]):
-        self.clock, self.start, self.offset = clock, clock(), 0.0
-        super().__init__(optimizer, lambda step: factor(self.elapsed()))
-
-    def elapsed(self) -> float:
-        """Seconds of training so far, over every run this schedule was resumed through."""
-        return self.offset + self.clock() - self.start
-
-    def state_dict(self) -> dict:
-        # this process's clock readings mean nothing to the next one: only the time spent is kept
-        skip = ("clock", "start", "offset")
-        state = {k: v for k, v in super().state_dict().items() if k not in skip}
-        return state | {"elapsed": self.elapsed()}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        state = dict(state_dict)
-        elapsed = state.pop("elapsed", 0.0)
-        super().load_state_dict(state)
-        self.offset, self.start = elapsed, self.clock()
-
-
-def wallclock_cosine(
-    optimizer: torch.optim.Optimizer,
-    budget: str | float,
-    warmup: float = 0.1,
-    min_ratio: float = 0.1,
-    clock: Callable[[], float] = time.monotonic,
-) -> WallclockLR:
-    """Warmup then cosine decay over a wall-clock ``budget`` (usually ``trainer.max_time``)
-    instead of a step count: under a fixed time budget every process, whatever its speed, gets a
-    complete schedule that ends when training is stopped. ``warmup`` is a share of the budget.
-    The clock starts when the optimizer is configured (the start of fit) and, on resume,
-    continues from the time the checkpoint recorded."""
-    if not 0.0 <= warmup < 1.0:
-        raise ValueError(f"warmup is a share of the budget in [0, 1), got {warmup}")
-    seconds = parse_duration(budget)
-    if seconds <= 0:
-        raise ValueError(f"budget must be > 0 seconds, got {budget!r}")
-
-    def factor(elapsed: float) -> float:
-        progress = elapsed / seconds
-        if progress < warmup:
-            return max(progress, 1e-3) / warmup  # warmup > 0 here
-        return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
-
-    return WallclockLR(optimizer, factor, clock)
+from cdlm.training.optim import (
+    OptimizerFactory,
+    SchedulerFactory,
+    check_label_dropout,
+    configure_optimization,
+    training_labels,
+    with_labels,
+)
 
 
 def validation_generator(trainer: L.Trainer, batch_idx: int, device) -> torch.Generator:
@@ -179,20 +88,18 @@ class DiffusionLM(L.LightningModule):
         self,
         process: Process,
         network: nn.Module,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        optimizer: OptimizerFactory,
+        lr_scheduler: SchedulerFactory | None = None,
         label_dropout: float = 0.1,
         eval_times: Sequence[float] = (0.1, 0.5, 0.9),
         log_prior: torch.Tensor | None = None,
         model_config: dict | None = None,
     ) -> None:
         super().__init__()
-        if not 0.0 <= label_dropout <= 1.0:
-            raise ValueError(f"label_dropout must be in [0, 1], got {label_dropout}")
         self.process, self.network = process, network
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.eval_times = tuple(eval_times)
-        self.label_dropout = label_dropout
+        self.label_dropout = check_label_dropout(label_dropout)
         self.model_config = model_config or {}
         self.register_buffer("log_prior", log_prior, persistent=False)
         self.val_means = ValidationMeans()
@@ -202,10 +109,8 @@ class DiffusionLM(L.LightningModule):
         return self.process.make_denoiser(self.network)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        denoiser = self.denoiser
-        if getattr(self.network, "num_classes", 0) > 0:
-            denoiser = WithLabel(denoiser, drop_labels(batch["label"], self.label_dropout))
-        out = self.process.loss(denoiser, batch)
+        labels = training_labels(self.network, batch, self.label_dropout)
+        out = self.process.loss(with_labels(self.denoiser, labels), batch)
         self.process.observe(out)  # the one place a learned time sampler sees the losses
         self.log("train/loss", out.loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in out.metrics.items()})
@@ -232,19 +137,6 @@ class DiffusionLM(L.LightningModule):
         self.val_means.log(self)
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        if getattr(self.scheduler_factory, "func", None) is wallclock_cosine and (
-            self.trainer.world_size > 1
-        ):
-            # Each process would read its own clock: learning rates, then replicas, would drift.
-            raise ValueError(
-                "lr_scheduler=wallclock_cosine is for single-process runs; with several devices "
-                "use lr_scheduler=warmup_cosine and a step budget (trainer.max_steps)"
-            )
-        scheduler = self.scheduler_factory(optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return configure_optimization(
+            self, self.parameters(), self.optimizer_factory, self.scheduler_factory
+        )
