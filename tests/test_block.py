@@ -1,32 +1,42 @@
 """Block diffusion and cached decoding: the KV cache changes no logit, block size 1 is the AR
 NLL, oracles come back exactly through every sampler and cache, threshold decoding commits."""
 
+import functools
+import inspect
 import math
 
 import pytest
 import torch
+from test_sampler_contract import Seeing
 
-from cdlm.denoiser import Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.block import BlockProcess, vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
-from cdlm.samplers.blockwise import sample_block
+from cdlm.samplers.blockwise import DualCache, PrefixCache, sample_block
 from cdlm.samplers.masked import (
     sample_ancestral,
+    sample_cached_ancestral,
     sample_entropy_bounded,
     sample_threshold,
     sample_topk,
 )
-from cdlm.samplers.masked_steps import Interval, step_entropy_bounded, step_threshold
+from cdlm.samplers.masked_steps import (
+    Interval,
+    step_ancestral,
+    step_entropy_bounded,
+    step_threshold,
+)
 from cdlm.schedules import LogLinearMaskSchedule
 
 V, MASK, EOS = 12, 11, 0
 
 
-def network(process) -> Transformer:
+def network(process, n_layers: int = 2) -> Transformer:
     torch.manual_seed(0)
-    net = Transformer(d_model=16, n_layers=2, n_heads=2, max_seq_len=40, **process.network_kwargs)
+    net = Transformer(
+        d_model=16, n_layers=n_layers, n_heads=2, max_seq_len=40, **process.network_kwargs
+    )
     for p in net.parameters():  # leave the identity init: attention must matter
         p.data += 0.1 * torch.randn_like(p)
     return net.double().eval()
@@ -98,45 +108,31 @@ def test_block_size_one_bound_is_the_ar_nll():
     assert abs(float(mean - nll.sum() / 30)) < 4 * float(spread)
 
 
-class Oracle:
-    """Puts all mass on the true token at every position it is asked for."""
-
-    def __init__(self, truth, process, network=None):
-        self.truth, self.mask_id = truth, process.mask_id
-        self.network = network or Transformer(
-            out_dim=V, in_vocab=V, d_model=8, n_layers=1, n_heads=2, self_condition=False
-        )
-        self.calls = 0
-
-    def network_length(self, n):
-        return n
-
-    def __call__(self, z, t, self_cond=None, *, positions=None, cache=None, **kw):
-        self.calls += 1
-        truth = self.truth if positions is None else self.truth[:, positions]
-        if cache is not None and not cache.frozen:  # keep the cache's length honest
-            for layer in cache:
-                layer.extend(*(torch.zeros(z.shape[0], 1, len(positions), 2),) * 2)
-        logp = torch.full((*truth.shape, V), -math.inf, dtype=torch.float64)
-        return Prediction(logits=logp.scatter_(-1, truth[..., None], 0.0))
+def oracle(truth: torch.Tensor, process) -> Seeing:
+    """Certain of ``truth`` where it sees the right canvas through its KV cache (``Seeing``: a
+    wrong cache read makes it predict a wrong token); two layers, all written alike."""
+    net = Transformer(out_dim=V, in_vocab=V, d_model=8, n_layers=2, n_heads=2, self_condition=False)
+    return Seeing(truth, process, net)
 
 
 @pytest.mark.parametrize(
-    ("sampler", "options"),
+    "options",
     [
-        (sample_block, {"cache": "prefix"}),
-        (sample_block, {"cache": "none"}),
-        (sample_block, {"cache": "prefix", "step": step_threshold, "threshold": 0.9}),
-        (sample_block, {"cache": "prefix", "step": step_entropy_bounded, "gamma": 1.0}),
-        (sample_block, {"cache": "prefix", "steps_per_block": 1}),
+        {"cache": PrefixCache()},
+        {"cache": None},
+        {"step": functools.partial(step_threshold, threshold=0.9)},
+        {"step": functools.partial(step_entropy_bounded, gamma=1.0)},
+        {"steps_per_block": 1},
+        {"cache": None, "steps_per_block": 1},
     ],
+    ids=["prefix", "none", "threshold", "entropy_bounded", "one_step", "none_one_step"],
 )
-def test_block_samplers_return_the_data_with_an_oracle(sampler, options):
+def test_block_samplers_return_the_data_with_an_oracle(options):
     process = block_process(4)
     truth = torch.randint(1, V - 1, (2, 12), generator=torch.Generator().manual_seed(2))
     x = process.prior((2, 12), torch.device("cpu"), None)
-    out = sampler(
-        Oracle(truth, process),
+    out = sample_block(
+        oracle(truth, process),
         x,
         uniform_grid(6),
         process=process,
@@ -149,15 +145,19 @@ def test_block_samplers_return_the_data_with_an_oracle(sampler, options):
 @pytest.mark.parametrize(
     "sampler", [sample_ancestral, sample_topk, sample_threshold, sample_entropy_bounded]
 )
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize(
+    "cache",
+    [PrefixCache(), DualCache(), PrefixCache(refresh=2), DualCache(refresh=2)],
+    ids=["prefix", "dual", "prefix_refresh2", "dual_refresh2"],
+)
 def test_masked_cached_samplers_return_the_data_with_an_oracle(sampler, cache):
     process = MaskedProcess(V, MASK, EOS)
     truth = torch.randint(1, V - 1, (2, 12), generator=torch.Generator().manual_seed(3))
     x = process.prior((2, 12), torch.device("cpu"), None)
     out = sampler(
-        Oracle(truth, process),
+        oracle(truth, process),
         x,
-        uniform_grid(6),
+        uniform_grid(12),
         process=process,
         generator=torch.Generator().manual_seed(0),
         block_length=4,
@@ -166,40 +166,88 @@ def test_masked_cached_samplers_return_the_data_with_an_oracle(sampler, cache):
     assert torch.equal(out.tokens, truth)
 
 
-@pytest.mark.parametrize("shift", [False, True])
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
-def test_refreshing_every_step_equals_no_cache(shift, cache):
-    """With the cache refreshed before every step, cached decoding is uncached decoding: greedy
-    confidence decoding gives the very same tokens, and the positions processed add up."""
+ISSUE_24 = pytest.mark.xfail(
+    strict=True,
+    reason="issue 24: a shifted model's dual cache keeps network position b (the block's last "
+    "token as input) from the rewrite, stale once that token is decided",
+)
+
+
+@pytest.mark.parametrize(
+    ("shift", "cache"),
+    [
+        (False, PrefixCache()),
+        (False, DualCache()),
+        (True, PrefixCache()),
+        pytest.param(True, DualCache(), marks=ISSUE_24),
+    ],
+    ids=["prefix", "dual", "shifted_prefix", "shifted_dual"],
+)
+def test_a_cache_read_is_a_full_pass_of_a_one_layer_network(shift, cache):
+    """In a one-layer network a position's keys and values depend on its input token alone (a
+    masked model has no time input), so a block's logits read against the cache at a step that
+    does not rewrite it equal one full uncached pass over the canvas they are read on, as long
+    as the cached positions' inputs have not changed since the rewrite (the decided prefix, and
+    the still-masked suffix). Deeper networks only approximate this (Fast-dLLM)."""
     process = MaskedProcess(V, MASK, EOS, shift=shift)
+    den = process.make_denoiser(network(process, n_layers=1))
+    before = process.prior((2, 12), torch.device("cpu"), None)
+    seen = []
+    out = sample_topk(
+        den,
+        before.clone(),
+        uniform_grid(12),
+        process=process,
+        generator=torch.Generator().manual_seed(0),
+        callback=seen.append,
+        block_length=4,
+        cache=cache,
+        stop_at_eos=False,
+    )
+    assert len(seen) == 12  # one token per step: 4 steps per block, the first rewrites
+    for i, st in enumerate(seen):
+        if i % 4:  # a cache read
+            a = i // 4 * 4
+            full = den(before, torch.full((2,), st.t)).logits[:, a : a + 4]
+            torch.testing.assert_close(st.prediction.logits, full, atol=1e-10, rtol=0)
+        before = st.x
+    uncached = sample_topk(
+        den,
+        process.prior((2, 12), torch.device("cpu"), None),
+        uniform_grid(12),
+        process=process,
+        block_length=4,
+        stop_at_eos=False,
+    )
+    assert torch.equal(out.tokens, uncached.tokens) and out.positions < uncached.positions
+
+
+def test_block_diffusion_reads_its_cache_as_it_would_recompute_the_past():
+    """BD3-LM's cache is exact: decoding with the finished blocks read from the KV cache gives,
+    at every step, the logits (and so the tokens) of recomputing the clean past in each call,
+    with a real two-layer network, for fewer positions."""
+    process = block_process(4)
     net = network(process)
     runs = {}
-    for mode in ("none", cache):
-        den = process.make_denoiser(net)
-        x = process.prior((2, 12), torch.device("cpu"), None)
-        runs[mode] = sample_topk(
-            den,
-            x,
+    for name, cache in (("cached", PrefixCache()), ("recomputed", None)):
+        seen = []
+        out = sample_block(
+            process.make_denoiser(net),
+            process.prior((2, 12), torch.device("cpu"), None),
             uniform_grid(6),
             process=process,
             generator=torch.Generator().manual_seed(0),
-            block_length=4,
-            cache=mode,
-            refresh=1 if mode != "none" else None,
+            callback=seen.append,
+            cache=cache,
+            stop_at_eos=False,
         )
-    assert torch.equal(runs["none"].tokens, runs[cache].tokens)
-    # and without refreshing the approximation runs fewer positions than the whole canvas
-    den = process.make_denoiser(net)
-    lazy = sample_topk(
-        den,
-        process.prior((2, 12), torch.device("cpu"), None),
-        uniform_grid(6),
-        process=process,
-        generator=torch.Generator().manual_seed(0),
-        block_length=4,
-        cache=cache,
-    )
-    assert lazy.positions < runs["none"].positions
+        runs[name] = out, seen
+    (cached, cached_steps), (recomputed, recomputed_steps) = runs["cached"], runs["recomputed"]
+    assert len(cached_steps) == len(recomputed_steps) == 6
+    for c, r in zip(cached_steps, recomputed_steps, strict=True):
+        torch.testing.assert_close(c.prediction.logits, r.prediction.logits, atol=1e-10, rtol=0)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    assert cached.positions < recomputed.positions
 
 
 def test_threshold_commits_at_least_one_and_never_changes_a_commit():
@@ -243,19 +291,73 @@ def test_entropy_bounded_commits_the_surest_within_the_budget_and_never_changes_
     assert bool((step_entropy_bounded(x, logp, x == MASK, last, g, gamma=0.0) != MASK).all())
 
 
+def test_sample_block_spells_out_its_options():
+    """The step's temperature, the cache and stop-at-EOS are in the signature with today's
+    defaults; a step's own option (threshold, gamma) goes on the step and is refused here."""
+    params = inspect.signature(sample_block).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    assert params["step"].default is step_ancestral
+    assert (
+        params["temperature"].default
+        == inspect.signature(step_ancestral).parameters["temperature"].default
+    )
+    assert params["cache"].default == PrefixCache() and params["stop_at_eos"].default is True
+    process = block_process(4)
+    x = process.prior((1, 8), torch.device("cpu"), None)
+    with pytest.raises(TypeError, match="threshold"):
+        sample_block(oracle(x, process), x, uniform_grid(2), process=process, threshold=0.9)
+
+
 def test_cache_choices_that_do_not_fit_are_refused():
     process = block_process(4)
     x = process.prior((1, 8), torch.device("cpu"), None)
+    den, grid = oracle(x, process), uniform_grid(2)
     with pytest.raises(ValueError, match="no suffix to cache"):
-        sample_block(Oracle(x, process), x, uniform_grid(2), process=process, cache="dual")
+        sample_block(den, x, grid, process=process, cache=DualCache())
+    with pytest.raises(ValueError, match="exact"):
+        sample_block(den, x, grid, process=process, cache=PrefixCache(refresh=2))
+    with pytest.raises(TypeError, match="cache=prefix|dual|none"):
+        sample_block(den, x, grid, process=process, cache="prefix")
+    with pytest.raises(ValueError, match="refresh must be >= 1"):
+        DualCache(refresh=0)
     masked = MaskedProcess(V, MASK, EOS)
+    den = oracle(x, masked)
     with pytest.raises(ValueError, match="block_length"):
-        sample_ancestral(Oracle(x, masked), x, uniform_grid(2), process=masked, cache="dual")
+        sample_ancestral(den, x, grid, process=masked, cache=DualCache())
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        sample_topk(den, x, grid, process=masked, cache=PrefixCache(), block_length=4,
+                    repeat_penalty=0.5)  # fmt: skip
+    with pytest.raises(TypeError, match="cache"):  # it has no KV cache to choose
+        sample_cached_ancestral(den, x, grid, process=masked, cache=PrefixCache(), block_length=4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cache"),
+    [
+        (["cache=prefix"], PrefixCache()),
+        (["cache=dual", "cache.refresh=2"], DualCache(refresh=2)),
+        (["cache=none"], None),
+    ],
+)
+def test_the_cache_group_builds_the_cache(overrides, cache):
+    """``cdlm-sample cache=prefix|dual|none`` chooses the object by ``_target_``; without it
+    ``cache`` is absent (the sampler's own default holds)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from cdlm import config_dir
+
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        assert instantiate(compose("sample", overrides=overrides).cache) == cache
+        assert "cache" not in compose("sample")
 
 
 def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
     """cdlm-train process=block process.block_size=4 trains in one pass over x_t ⊕ x0, and
-    cdlm-sample decodes it with the KV cache by default."""
+    cdlm-sample decodes it with the KV cache by default (as cache=prefix); cache=none recomputes
+    the clean past (more positions); cache=dual is refused."""
+    import re
+
     from conftest import TINY_TRAIN, run_cli
 
     run = tmp_path / "run"
@@ -269,10 +371,21 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = run_cli(
-        "cdlm-sample", f"ckpt={run / 'model.safetensors'}", "steps=8", "num_samples=2", cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "sampler=block" in out.stdout
+    runs = {}
+    for choice in ([], ["cache=prefix"], ["cache=none"]):
+        out = run_cli(
+            "cdlm-sample",
+            f"ckpt={run / 'model.safetensors'}",
+            "steps=8",
+            "num_samples=2",
+            *choice,
+            cwd=tmp_path,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "sampler=block" in out.stdout
+        positions = int(re.search(r"positions=(\d+)", out.stdout).group(1))
+        runs[" ".join(choice)] = out.stdout.split("cdlm-sample:")[0], positions  # samples
+    assert runs[""] == runs["cache=prefix"]
+    assert runs["cache=none"][1] > runs[""][1]
     bad = run_cli("cdlm-sample", f"ckpt={run / 'model.safetensors'}", "cache=dual", cwd=tmp_path)
     assert bad.returncode == 2 and "no suffix to cache" in bad.stderr

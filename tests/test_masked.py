@@ -1,5 +1,6 @@
 """Masked diffusion: the ELBO by hand, and every masked sampler against an oracle."""
 
+import inspect
 import math
 
 import pytest
@@ -12,8 +13,15 @@ from cdlm.samplers import check_compatible, uniform_grid
 from cdlm.samplers.masked import (
     sample_ancestral,
     sample_cached_ancestral,
+    sample_entropy_bounded,
     sample_threshold,
     sample_topk,
+)
+from cdlm.samplers.masked_steps import (
+    step_ancestral,
+    step_entropy_bounded,
+    step_threshold,
+    step_topk,
 )
 from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
 from cdlm.time_samplers import TimeSampler
@@ -243,3 +251,29 @@ def test_repeat_penalty_lowers_decided_neighbours_tokens_only():
     assert torch.allclose(p[[0, 1]], torch.full((2,), 0.4), atol=1e-6) and p[MASK] == 0
     assert out[0, 3].exp()[3] < out[0, 3].exp()[2]  # last position: left neighbour 3 only
     assert torch.equal(penalise_repeats(x, logp, MASK, 0.0), logp)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "step", "own"),
+    [
+        (sample_ancestral, step_ancestral, ["temperature"]),
+        (sample_cached_ancestral, step_ancestral, ["temperature"]),
+        (sample_topk, step_topk, ["temperature"]),
+        (sample_threshold, step_threshold, ["temperature", "threshold"]),
+        (sample_entropy_bounded, step_entropy_bounded, ["temperature", "gamma"]),
+    ],
+)
+def test_every_option_is_in_the_signature(sampler, step, own):
+    """Nothing hides in ``**options`` (Hydra, ``stops_at_eos`` and readers see every option):
+    the step's own options default as the step does, the shared ones as before, and a
+    misspelt option is refused by name."""
+    params = inspect.signature(sampler).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    step_params = inspect.signature(step).parameters
+    assert {n: params[n].default for n in own} == {n: step_params[n].default for n in own}
+    shared = {"block_length": None, "repeat_penalty": 0.0, "stop_at_eos": True}
+    assert {n: params[n].default for n in shared} == shared
+    assert ("cache" in params) is (sampler is not sample_cached_ancestral)
+    process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS)
+    with pytest.raises(TypeError, match="tempreature"):
+        sampler(None, torch.full((1, 4), MASK), uniform_grid(2), process=process, tempreature=1)

@@ -1,13 +1,15 @@
 """Block-by-block decoding with the network's KV cache: each step runs only the positions that
-change, attending to cached keys and values of the rest.
+change, attending to cached keys and values of the rest. The cache is an object chosen by
+``_target_`` (``conf/cache/``: ``cache=prefix|dual|none``); None runs without one.
 
-* Block diffusion (``process=block``, BD3-LM, Arriola et al. 2025): finished blocks are written
-  into the cache once, exactly (they are clean and a block sees only its past); each denoising
-  step runs the current block alone. ``cache=none`` recomputes the clean past in every call.
-* A full-attention masked model (Fast-dLLM, Wu et al. 2025): an approximation, refreshed at
-  the start of each block (and every ``refresh`` steps): ``prefix`` caches the decided prefix
-  and recomputes block + suffix each step; ``dual`` also caches the still-masked suffix and
-  recomputes the block alone. The refresh pass's own predictions serve the block's first step.
+* Block diffusion (``process=block``, BD3-LM, Arriola et al. 2025): with ``PrefixCache`` the
+  finished blocks are written into the cache once, exactly (they are clean and a block sees only
+  its past); each denoising step runs the current block alone. None recomputes the clean past
+  in every call.
+* A full-attention masked model (Fast-dLLM, Wu et al. 2025): an approximation, rewritten at the
+  start of each block (and every ``refresh`` steps): ``PrefixCache`` caches the decided prefix
+  and recomputes block + suffix each step; ``DualCache`` also caches the still-masked suffix
+  and recomputes the block alone. The rewriting pass's own predictions serve that step.
 
 Windows are in the network's own coordinates (a shifted model's input is one longer); the
 denoiser takes the whole canvas and ``positions`` and predicts those positions only.
@@ -17,125 +19,177 @@ from __future__ import annotations
 
 import functools
 import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from cdlm.denoiser import Denoiser, Prediction
+from cdlm.networks.cache import KVCache
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
 from cdlm.samplers.masked_steps import (
     Interval,
+    block_grid,
     blocks_of,
-    finished_at_eos,
+    ended_at_eos,
     network_length,
     step_ancestral,
 )
 
-CACHES = ("none", "prefix", "dual")
+
+class Calls:
+    """The denoiser's window calls on a canvas, counting NFE and the positions the network
+    processes per sequence: a cached call runs its window only; an uncached one (block
+    diffusion without a cache) recomputes the clean past before its window as well."""
+
+    def __init__(self, denoiser: Denoiser, kv: KVCache | None, net_len: int, device) -> None:
+        self.denoiser, self.kv, self.net_len, self.device = denoiser, kv, net_len, device
+        self.nfe, self.positions = 0, 0
+
+    def span(self, a: int, b: int) -> Tensor:
+        """Positions a..b-1 of the network's sequence."""
+        return torch.arange(a, b, device=self.device)
+
+    def __call__(self, x: Tensor, at: Tensor, t: float, write: bool = False) -> Tensor:
+        """Log-probabilities (B, len(at), V) at positions ``at`` of canvas ``x`` (B, L); a
+        ``write`` keeps the window's keys and values in the cache, else it is only read."""
+        tt = torch.full((x.shape[0],), t, device=self.device)
+        self.nfe += 1
+        if self.kv is None:
+            self.positions += int(at[0]) + len(at)
+            return self.denoiser(x, tt, positions=at).logits
+        self.positions += len(at)
+        if write:
+            return self.denoiser(x, tt, positions=at, cache=self.kv).logits
+        with self.kv.read_only():
+            return self.denoiser(x, tt, positions=at, cache=self.kv).logits
 
 
-def _grid(timesteps: Tensor, n_blocks: int, steps_per_block: int | None) -> Tensor:
-    """Each block walks the span of the whole grid in ``steps_per_block`` (default: the grid's
-    steps shared out, at least one) even steps."""
-    per_block = steps_per_block or max(1, (len(timesteps) - 1) // n_blocks)
-    return torch.linspace(float(timesteps[0]), 0.0, per_block + 1, dtype=torch.float64)
+@dataclass(frozen=True)
+class BlockCache(ABC):
+    """A KV-cache choice for block-by-block decoding. On a full-attention masked model it is
+    approximate and owns what differs between the kinds: the pass that rewrites it and the
+    positions every other step runs. refresh: rewrite every ``refresh`` steps of a block as
+    well as at its start (None: at the start only; 1: every step, which is uncached decoding)."""
+
+    name: ClassVar[str]  # as chosen on the command line: cache=<name>
+    refresh: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.refresh is not None and self.refresh < 1:
+            raise ValueError(f"cache.refresh must be >= 1 steps, got {self.refresh}")
+
+    def block_logits(self, calls: Calls, x: Tensor, a: int, b: int, j: int, t: float) -> Tensor:
+        """The block [a, b)'s log-probabilities (B, b - a, V) at its step j, at time t."""
+        if j == 0 or (self.refresh and j % self.refresh == 0):
+            return self.rewrite(calls, x, a, b, t)
+        return self.read(calls, x, a, b, t)
+
+    @abstractmethod
+    def rewrite(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        """Rewrites the cache from the current canvas; returns the block's predictions."""
+
+    @abstractmethod
+    def read(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        """The block's predictions from the positions that are not cached, against the cache."""
+
+
+@dataclass(frozen=True)
+class PrefixCache(BlockCache):
+    """Caches the decided prefix: block diffusion's finished blocks (exact), or Fast-dLLM's
+    prefix cache (Wu et al. 2025), each step recomputing the block and the suffix after it."""
+
+    name: ClassVar[str] = "prefix"
+
+    def rewrite(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        calls.kv.truncate(0)
+        logp = calls(x, calls.span(0, calls.net_len), t, write=True)
+        calls.kv.truncate(a)
+        return logp[:, a:b]
+
+    def read(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        return calls(x, calls.span(a, calls.net_len), t)[:, : b - a]
+
+
+@dataclass(frozen=True)
+class DualCache(BlockCache):
+    """Fast-dLLM's dual cache (Wu et al. 2025): the decided prefix and the still-masked suffix
+    both cached, each step recomputing the block alone (a full-attention masked model only)."""
+
+    name: ClassVar[str] = "dual"
+
+    def rewrite(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        calls.kv.truncate(0)
+        suffix, block = calls.span(b, calls.net_len), calls.span(a, b)
+        logp = calls(x, torch.cat([calls.span(0, a), suffix, block]), t, write=True)
+        calls.kv.truncate(a + len(suffix))  # drops the block's entries, stale after this step
+        return logp[:, -len(block) :]
+
+    def read(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        return calls(x, calls.span(a, b), t)
+
+
+def check_cache(cache: object) -> None:
+    """A clear error for a ``cache`` that is neither a ``BlockCache`` nor None (e.g. a name)."""
+    if cache is not None and not isinstance(cache, BlockCache):
+        raise TypeError(
+            f"cache must be a PrefixCache, a DualCache or None (no cache), got {cache!r} "
+            "(on the command line: cache=prefix|dual|none)"
+        )
 
 
 def cached_loop(
-    step,
+    step: Callable[..., Tensor],
     denoiser: Denoiser,
     x: Tensor,
     timesteps: Tensor,
     process,
-    generator,
+    generator: torch.Generator | None,
     callback: Callback | None,
     block_length: int,
-    cache: str,
-    refresh: int | None = None,
+    cache: BlockCache | None,
     steps_per_block: int | None = None,
     stop_at_eos: bool = True,
-    **options,
 ) -> SampleOutput:
-    """Semi-autoregressive decoding of blocks of ``block_length`` with a KV cache (see the module
-    docstring); ``step`` is a ``masked_steps`` step function. With ``stop_at_eos`` it stops once
-    every row has finished at the process's EOS (later masks become EOS); without, it fills the
-    whole canvas."""
-    if refresh is not None and refresh < 1:
-        raise ValueError(f"refresh must be >= 1 steps, got {refresh}")
-    length, mask_id, keep = x.shape[1], process.mask_id, process.schedule.keep
+    """Semi-autoregressive decoding of blocks of ``block_length`` with a KV cache (see the
+    module docstring); ``step`` is a ``masked_steps`` step function with its options bound.
+    With ``stop_at_eos`` it stops once every row has finished at the process's EOS (later masks
+    become EOS); without, it fills the whole canvas."""
+    length, mask_id, device = x.shape[1], process.mask_id, x.device
     exact = getattr(process, "block_size", None) is not None
-    net_len = network_length(denoiser, length)
+    kv = None if cache is None else denoiser.network.new_cache()
+    calls = Calls(denoiser, kv, network_length(denoiser, length), device)
     blocks = blocks_of(length, block_length)
-    grid = _grid(timesteps, len(blocks), steps_per_block)
-    kv = denoiser.network.new_cache() if cache != "none" else None
-    nfe, positions, i, pred, cached_upto = 0, 0, 0, None, 0
-    device = x.device
-
-    def call(at: Tensor, t: float, write: bool) -> Tensor:
-        nonlocal nfe, positions
-        tt = torch.full((x.shape[0],), t, device=device)
-        nfe += 1
-        if kv is None:
-            positions += (int(at[0]) if exact else 0) + len(at)
-            return denoiser(x, tt, positions=at).logits
-        positions += len(at)
-        if write:
-            return denoiser(x, tt, positions=at, cache=kv).logits
-        with kv.read_only():
-            return denoiser(x, tt, positions=at, cache=kv).logits
-
+    grid = block_grid(timesteps, len(blocks), steps_per_block)
+    i, pred, cached_upto = 0, None, 0
     for a, b in blocks:
-        block = torch.arange(a, b, device=device)
-        fresh = None  # the block's predictions from a refresh pass, if one just ran
         if exact and kv is not None:
             for c in range(cached_upto, a, block_length):  # finished blocks, written once each
-                call(torch.arange(c, min(c + block_length, a), device=device), 0.0, write=True)
+                calls(x, calls.span(c, min(c + block_length, a)), 0.0, write=True)
             cached_upto = a
         for j in range(len(grid) - 1):
             if not (x[:, a:b] == mask_id).any():
                 break  # the block is decided: no call is needed for the steps left
             t, s = float(grid[j]), float(grid[j + 1])
-            if not exact and kv is not None and (j == 0 or (refresh and j % refresh == 0)):
-                fresh = _refresh(call, kv, cache, a, b, net_len, t, device)
-            if fresh is not None:
-                logp, fresh = fresh, None
-            elif exact or cache == "dual":
-                logp = call(block, t, write=False)
-            else:  # prefix: the block and the suffix, against the cached prefix
-                logp = call(torch.arange(a, net_len, device=device), t, write=False)[:, : b - a]
-            k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
-            p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
-            iv = Interval(t=t, s=s, steps_left=len(grid) - 1 - j, p_reveal=p_reveal)
+            if exact:  # the block alone, against its exact past (cached or recomputed)
+                logp = calls(x, calls.span(a, b), t)
+            else:
+                logp = cache.block_logits(calls, x, a, b, j, t)
+            iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
             window = x[:, a:b]
             x = x.clone()
-            x[:, a:b] = step(window, logp, window == mask_id, iv, generator, **options)
+            x[:, a:b] = step(window, logp, window == mask_id, iv, generator)
             pred = Prediction(logits=logp)
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
-        if (
-            stop_at_eos
-            and b < length
-            and (x[:, b:] == mask_id).all()
-            and finished_at_eos(x, b, process.eos_id, mask_id)
-        ):
-            x = x.masked_fill(x == mask_id, process.eos_id)
+        if stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
+            x = ended
             break
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=positions)
-
-
-def _refresh(call, kv, cache: str, a: int, b: int, net_len: int, t: float, device) -> Tensor:
-    """Rewrites the cache from the current canvas; returns the block's predictions (B, W, V)."""
-    kv.truncate(0)
-    prefix, block = torch.arange(0, a, device=device), torch.arange(a, b, device=device)
-    if cache == "prefix":
-        logp = call(torch.arange(0, net_len, device=device), t, write=True)
-        kv.truncate(a)
-        return logp[:, a:b]
-    suffix = torch.arange(b, net_len, device=device)
-    logp = call(torch.cat([prefix, suffix, block]), t, write=True)
-    kv.truncate(a + len(suffix))
-    return logp[:, -len(block) :]
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=calls.nfe, positions=calls.positions)
 
 
 def with_cache(sampler, cache: str | None):
@@ -143,8 +197,6 @@ def with_cache(sampler, cache: str | None):
     a clean error where the sampler has no such choice."""
     if cache is None:
         return sampler
-    if cache not in CACHES:
-        raise ValueError(f"unknown cache {cache!r}; valid: {', '.join(CACHES)}")
     fn = getattr(sampler, "func", sampler)
     if "cache" not in inspect.signature(fn).parameters:
         name = getattr(fn, "sampler_name", fn.__name__)
@@ -167,23 +219,33 @@ def sample_block(
     process,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
-    step=step_ancestral,
-    cache: str = "prefix",
+    step: Callable[..., Tensor] = step_ancestral,
+    temperature: float = 1.0,
     steps_per_block: int | None = None,
-    **options,
+    cache: PrefixCache | None = PrefixCache(),
+    stop_at_eos: bool = True,
 ) -> SampleOutput:
-    """Block diffusion decoding (BD3-LM): blocks of the process's ``block_size`` left to right,
-    each denoised by ``step`` (a ``masked_steps`` function: ancestral by default, or
-    ``step_threshold`` for confidence-threshold parallel decoding) in ``steps_per_block`` steps
-    (default: the grid's steps shared out), the finished blocks read from the KV cache
-    (``cache=prefix``, exact) or recomputed (``cache=none``). x: (B, L) canvas with [MASK]."""
-    if cache not in ("none", "prefix"):
+    """Block diffusion decoding (BD3-LM, Arriola et al. 2025): blocks of the process's
+    ``block_size`` left to right, each denoised by ``step`` (a ``masked_steps`` function:
+    ancestral by default, ``step_threshold`` for confidence-threshold parallel decoding or
+    ``step_entropy_bounded``; its own options, e.g. ``threshold``, bound on it) at
+    ``temperature`` in ``steps_per_block`` steps (default: the grid's steps shared out). The
+    finished blocks are read from the KV cache (``PrefixCache()``, exact) or recomputed (None).
+    ``stop_at_eos``: stop once every row has produced EOS (the rest becomes EOS); False fills
+    the whole canvas. x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
+    check_cache(cache)
+    if isinstance(cache, DualCache):
         raise ValueError(
-            f"cache={cache!r} does not fit block diffusion: its blocks see only the past, so "
-            "there is no suffix to cache; use cache=prefix (exact) or cache=none"
+            "cache=dual does not fit block diffusion: its blocks see only the past, so there is "
+            "no suffix to cache; use cache=prefix (exact) or cache=none"
+        )
+    if cache is not None and cache.refresh is not None:
+        raise ValueError(
+            "cache.refresh rewrites a masked model's approximate cache; block diffusion's "
+            "prefix cache is exact and never needs it"
         )
     return cached_loop(
-        step,
+        functools.partial(step, temperature=temperature),
         denoiser,
         x,
         timesteps,
@@ -192,7 +254,6 @@ def sample_block(
         callback,
         process.block_size,
         cache,
-        None,
         steps_per_block,
-        **options,
+        stop_at_eos,
     )

@@ -1,10 +1,25 @@
 """Samplers for masked diffusion: ancestral (MDLM), cached ancestral, low-confidence remasking
-(LLaDA) and confidence-threshold parallel decoding (``cdlm.samplers.masked_steps``), each
-optionally semi-autoregressive in blocks of ``block_length`` positions, and then optionally with
-Fast-dLLM's approximate KV cache (``cache=prefix|dual``, ``cdlm.samplers.blockwise``).
+(LLaDA), confidence-threshold parallel decoding (Fast-dLLM) and entropy-bounded unmasking
+(EB-sampler), over the step functions of ``cdlm.samplers.masked_steps``.
+
+Each takes the sampler contract's arguments (``cdlm.samplers.base``; x: (B, L) ids with
+[MASK] where undecided, timesteps: (T+1,) from 1 to 0) and these options:
+
+- ``temperature`` of the categorical draws (0: argmax).
+- ``block_length``: semi-autoregressive blocks left to right (LLaDA Sec. 2.4), each walking
+  the whole span of time; None decodes the whole canvas at once.
+- ``repeat_penalty``: nats taken off each decided neighbour's token (``penalise_repeats``).
+- ``stop_at_eos``: with blocks, stop early once every row has finished at the process's EOS
+  (later masks become EOS); False fills the whole canvas (EOS then separates paragraphs).
+- ``cache``: with blocks, Fast-dLLM's approximate KV caches (Wu et al. 2025),
+  ``blockwise.PrefixCache()`` or ``blockwise.DualCache()``, rewritten once per block (every
+  ``refresh`` steps if set); None runs the whole canvas every step.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -12,11 +27,12 @@ from torch import Tensor
 from cdlm.denoiser import Denoiser
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
-from cdlm.samplers.blockwise import CACHES, cached_loop
-from cdlm.samplers.masked_steps import (  # noqa: F401  (re-exported: the step functions)
+from cdlm.samplers.blockwise import BlockCache, cached_loop, check_cache
+from cdlm.samplers.masked_steps import (
     Interval,
+    block_grid,
     blocks_of,
-    finished_at_eos,
+    ended_at_eos,
     network_length,
     penalise_repeats,
     step_ancestral,
@@ -25,40 +41,30 @@ from cdlm.samplers.masked_steps import (  # noqa: F401  (re-exported: the step f
     step_topk,
 )
 
+Step = Callable[..., Tensor]
+
 
 def _loop(
-    step,
+    step: Step,
     denoiser: Denoiser,
     x: Tensor,
     timesteps: Tensor,
     process: MaskedProcess,
-    generator,
+    generator: torch.Generator | None,
     callback: Callback | None,
     block_length: int | None,
+    repeat_penalty: float,
+    stop_at_eos: bool,
     skip_unchanged: bool,
-    repeat_penalty: float = 0.0,
-    stop_at_eos: bool = True,
-    **options,
 ) -> SampleOutput:
-    """Walks the blocks left to right, ``len(timesteps) - 1`` steps in all (at least one per
-    block). With ``stop_at_eos`` it stops early once every row has finished at an EOS; later
-    masks become EOS. Without, it fills the whole canvas (EOS then separates paragraphs)."""
+    """Walks the blocks left to right over the whole canvas, ``len(timesteps) - 1`` steps in
+    all (at least one per block); ``skip_unchanged`` reuses the last prediction while the
+    canvas has not changed (exact for a time-free denoiser)."""
     if repeat_penalty < 0:
         raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
-    length, mask_id, eos_id, keep = (
-        x.shape[1],
-        process.mask_id,
-        process.eos_id,
-        process.schedule.keep,
-    )
+    length, mask_id = x.shape[1], process.mask_id
     blocks = blocks_of(length, block_length)
-    per_block = max(1, (len(timesteps) - 1) // len(blocks))
-    grid = (
-        timesteps
-        if len(blocks) == 1
-        # each block walks the same span of time as the whole grid (t < 1 when editing)
-        else torch.linspace(float(timesteps[0]), 0.0, per_block + 1, dtype=torch.float64)
-    )
+    grid = timesteps if len(blocks) == 1 else block_grid(timesteps, len(blocks))
     nfe, i, pred, seen = 0, 0, None, None
     for a, b in blocks:
         in_block = torch.zeros(length, dtype=torch.bool, device=x.device)
@@ -70,64 +76,36 @@ def _loop(
             if not (skip_unchanged and seen is not None and torch.equal(x, seen)):
                 tt = torch.full((x.shape[0],), t, device=x.device)
                 pred, seen, nfe = denoiser(x, tt), x, nfe + 1
-            k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
-            p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
-            iv = Interval(t=t, s=s, steps_left=len(grid) - 1 - j, p_reveal=p_reveal)
+            iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
             logp = penalise_repeats(x, pred.logits, mask_id, repeat_penalty)
-            x = step(x, logp, (x == mask_id) & in_block, iv, generator, **options)
+            x = step(x, logp, (x == mask_id) & in_block, iv, generator)
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
-        # Stop early only if nothing after this block is decided (a fixed region there must
-        # still get its blanks sampled, not filled with EOS).
-        rest_open = bool((x[:, b:] == mask_id).all())
-        if stop_at_eos and b < length and rest_open and finished_at_eos(x, b, eos_id, mask_id):
-            x = x.masked_fill(x == mask_id, eos_id)
+        if stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
+            x = ended
             break
     positions = nfe * network_length(denoiser, length)
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=positions)
 
 
-def _sampler(name: str, step, skip_unchanged: bool = False):
-    """Builds a registered sampler from a step function."""
-
-    @register(name, processes=("masked",))
-    @torch.no_grad()
-    def sample(
-        denoiser: Denoiser,
-        x: Tensor,
-        timesteps: Tensor,
-        *,
-        process: MaskedProcess,
-        generator: torch.Generator | None = None,
-        callback: Callback | None = None,
-        block_length: int | None = None,
-        repeat_penalty: float = 0.0,
-        cache: str = "none",
-        refresh: int | None = None,
-        **options,
-    ) -> SampleOutput:
-        if cache not in CACHES:
-            raise ValueError(f"unknown cache {cache!r}; valid: {', '.join(CACHES)}")
-        if cache != "none":
-            if block_length is None or skip_unchanged or repeat_penalty:
-                raise ValueError(
-                    f"cache={cache} caches around semi-autoregressive blocks: set "
-                    "sampler.block_length (and no repeat_penalty; not with cached_ancestral)"
-                )
-            return cached_loop(
-                step,
-                denoiser,
-                x,
-                timesteps,
-                process,
-                generator,
-                callback,
-                block_length,
-                cache,
-                refresh,
-                **options,
-            )
+def _sample(
+    step: Step,
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None,
+    callback: Callback | None,
+    block_length: int | None,
+    repeat_penalty: float,
+    stop_at_eos: bool,
+    cache: BlockCache | None = None,
+    skip_unchanged: bool = False,
+) -> SampleOutput:
+    """The loop every masked sampler shares: over the whole canvas, or cached by blocks."""
+    if cache is None:
         return _loop(
             step,
             denoiser,
@@ -137,26 +115,197 @@ def _sampler(name: str, step, skip_unchanged: bool = False):
             generator,
             callback,
             block_length,
-            skip_unchanged,
             repeat_penalty,
-            **options,
+            stop_at_eos,
+            skip_unchanged,
         )
-
-    sample.__name__ = sample.__qualname__ = f"sample_{name}"
-    sample.__doc__ = (
-        f"Masked-diffusion sampler ``{name}`` over ``{step.__name__}`` "
-        "(see its docstring). x: (B, L) ids with [MASK] where undecided; timesteps: (T+1,) "
-        "from 1 to 0; block_length: semi-autoregressive blocks (LLaDA Sec. 2.4), which stop "
-        "early once every row has finished at the process's EOS; repeat_penalty: nats taken "
-        "off each decided neighbour's token (see ``penalise_repeats``); cache: ``prefix`` or "
-        "``dual`` (Fast-dLLM, Wu et al. 2025) reuse keys and values refreshed once per block "
-        "(every ``refresh`` steps if set), see ``cdlm.samplers.blockwise``."
+    check_cache(cache)
+    if block_length is None or repeat_penalty:
+        raise ValueError(
+            f"cache={cache.name} caches around semi-autoregressive blocks: set "
+            "sampler.block_length (and no repeat_penalty)"
+        )
+    return cached_loop(
+        step,
+        denoiser,
+        x,
+        timesteps,
+        process,
+        generator,
+        callback,
+        block_length,
+        cache,
+        stop_at_eos=stop_at_eos,
     )
-    return sample
 
 
-sample_ancestral = _sampler("ancestral", step_ancestral)
-sample_cached_ancestral = _sampler("cached_ancestral", step_ancestral, skip_unchanged=True)
-sample_topk = _sampler("confidence", step_topk)
-sample_threshold = _sampler("threshold", step_threshold)
-sample_entropy_bounded = _sampler("entropy_bounded", step_entropy_bounded)
+@register("ancestral", processes=("masked",))
+@torch.no_grad()
+def sample_ancestral(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 1.0,
+    block_length: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+    cache: BlockCache | None = None,
+) -> SampleOutput:
+    """MDLM ancestral sampling (Sahoo et al. 2024, eq. 7; ``step_ancestral``): each masked
+    position is revealed with the schedule's reveal probability, its token drawn from the
+    prediction. Options: see the module docstring."""
+    return _sample(
+        functools.partial(step_ancestral, temperature=temperature),
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        block_length=block_length,
+        repeat_penalty=repeat_penalty,
+        stop_at_eos=stop_at_eos,
+        cache=cache,
+    )
+
+
+@register("cached_ancestral", processes=("masked",))
+@torch.no_grad()
+def sample_cached_ancestral(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 1.0,
+    block_length: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+) -> SampleOutput:
+    """MDLM's cached ancestral sampler (Sahoo et al. 2024, Sec. 3.4): ancestral sampling that
+    skips the network while no token has changed, since a time-free denoiser would repeat its
+    prediction (the same samples, fewer NFE). It has no KV cache of its own. Options: see the
+    module docstring."""
+    return _sample(
+        functools.partial(step_ancestral, temperature=temperature),
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        block_length=block_length,
+        repeat_penalty=repeat_penalty,
+        stop_at_eos=stop_at_eos,
+        skip_unchanged=True,
+    )
+
+
+@register("confidence", processes=("masked",))
+@torch.no_grad()
+def sample_topk(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 0.0,
+    block_length: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+    cache: BlockCache | None = None,
+) -> SampleOutput:
+    """Low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5; ``step_topk``): each step
+    commits the ceil(open / steps left) most confident proposals. Options: see the module
+    docstring."""
+    return _sample(
+        functools.partial(step_topk, temperature=temperature),
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        block_length=block_length,
+        repeat_penalty=repeat_penalty,
+        stop_at_eos=stop_at_eos,
+        cache=cache,
+    )
+
+
+@register("threshold", processes=("masked",))
+@torch.no_grad()
+def sample_threshold(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 0.0,
+    threshold: float = 0.9,
+    block_length: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+    cache: BlockCache | None = None,
+) -> SampleOutput:
+    """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025; ``step_threshold``):
+    each step commits every proposal whose probability exceeds ``threshold``, and at least the
+    most confident one. Options: see the module docstring."""
+    return _sample(
+        functools.partial(step_threshold, temperature=temperature, threshold=threshold),
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        block_length=block_length,
+        repeat_penalty=repeat_penalty,
+        stop_at_eos=stop_at_eos,
+        cache=cache,
+    )
+
+
+@register("entropy_bounded", processes=("masked",))
+@torch.no_grad()
+def sample_entropy_bounded(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: MaskedProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 0.0,
+    gamma: float = 1.0,
+    block_length: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+    cache: BlockCache | None = None,
+) -> SampleOutput:
+    """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
+    each step commits the lowest-entropy proposals while their summed entropy, less the
+    largest, stays within ``gamma`` nats. Options: see the module docstring."""
+    return _sample(
+        functools.partial(step_entropy_bounded, temperature=temperature, gamma=gamma),
+        denoiser,
+        x,
+        timesteps,
+        process=process,
+        generator=generator,
+        callback=callback,
+        block_length=block_length,
+        repeat_penalty=repeat_penalty,
+        stop_at_eos=stop_at_eos,
+        cache=cache,
+    )

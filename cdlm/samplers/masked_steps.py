@@ -1,5 +1,7 @@
-"""The pure step functions of masked diffusion sampling, shared by the whole-canvas loop
-(``cdlm.samplers.masked``) and the cached block loop (``cdlm.samplers.blockwise``).
+"""The pure step functions of masked diffusion sampling, and what the whole-canvas loop
+(``cdlm.samplers.masked``) and the cached block loop (``cdlm.samplers.blockwise``) share: the
+reveal probability (``Interval.between``), the blocks and their time grid (``blocks_of``,
+``block_grid``) and stop-at-EOS (``ended_at_eos``).
 
 A state is a (B, L) tensor of token ids with [MASK] where nothing is decided yet. Each step
 decides which still-masked ``open_`` positions to commit and to what, and never changes a
@@ -9,6 +11,7 @@ committed token. Categorical draws are float64 and made only at the positions be
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +28,17 @@ class Interval:
     s: float
     steps_left: int
     p_reveal: float  # MDLM: (keep(s) - keep(t)) / (1 - keep(t))
+
+    @classmethod
+    def between(
+        cls, keep: Callable[[Tensor], Tensor], t: float, s: float, steps_left: int
+    ) -> Interval:
+        """The step t -> s under the mask schedule's ``keep``, with MDLM's reveal probability
+        (Sahoo et al. 2024, eq. 7): a position still masked at t is unmasked by s with
+        probability (keep(s) - keep(t)) / (1 - keep(t)), and surely at s <= 0."""
+        k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
+        p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
+        return cls(t=t, s=s, steps_left=steps_left, p_reveal=p_reveal)
 
 
 def _commit(x: Tensor, logp: Tensor, chosen: Tensor, generator, temperature: float) -> Tensor:
@@ -127,6 +141,8 @@ def network_length(denoiser, length: int) -> int:
 
 
 def blocks_of(length: int, block_length: int | None) -> list[tuple[int, int]]:
+    """The [a, b) spans of semi-autoregressive blocks over a canvas of ``length`` (one block
+    without ``block_length``)."""
     if block_length is None or block_length >= length:
         return [(0, length)]
     if block_length < 1:
@@ -134,12 +150,25 @@ def blocks_of(length: int, block_length: int | None) -> list[tuple[int, int]]:
     return [(a, min(a + block_length, length)) for a in range(0, length, block_length)]
 
 
-def finished_at_eos(x: Tensor, upto: int, eos: int | None, mask_id: int) -> bool:
-    """True when every row has an EOS in [0, upto) with no mask before it."""
-    if eos is None:
-        return False
+def block_grid(timesteps: Tensor, n_blocks: int, steps_per_block: int | None = None) -> Tensor:
+    """The (steps + 1,) float64 time grid that each of ``n_blocks`` blocks walks: the span of
+    the whole grid (t < 1 when editing) in ``steps_per_block`` even steps, by default the grid's
+    steps shared out (at least one per block)."""
+    per_block = steps_per_block or max(1, (len(timesteps) - 1) // n_blocks)
+    return torch.linspace(float(timesteps[0]), 0.0, per_block + 1, dtype=torch.float64)
+
+
+def ended_at_eos(x: Tensor, upto: int, eos: int | None, mask_id: int) -> Tensor | None:
+    """Stop-at-EOS after a block ending at ``upto``: ``x`` with every [MASK] turned EOS once
+    every row has an EOS in [0, upto) with no mask before it; None while decoding goes on. Only
+    if nothing after ``upto`` is decided: a fixed region there must still get its blanks
+    sampled, not filled with EOS. x: (B, L)."""
+    if eos is None or upto >= x.shape[1] or not bool((x[:, upto:] == mask_id).all()):
+        return None
     head = x[:, :upto]
     has_eos = head == eos
     first = torch.where(has_eos.any(-1), has_eos.float().argmax(-1), upto)
     before = torch.arange(upto, device=x.device)[None] < first[:, None]
-    return bool(has_eos.any(-1).all() and not ((head == mask_id) & before).any())
+    if not (has_eos.any(-1).all() and not ((head == mask_id) & before).any()):
+        return None
+    return x.masked_fill(x == mask_id, eos)
