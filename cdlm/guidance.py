@@ -153,6 +153,16 @@ class Guidance:
             )
         return use_label, use_prompt
 
+    def guided_on(self, prompted: bool, scales: list[float]) -> str | None:
+        """What a sample drawn under these settings (at each of ``scales``) was guided on, as its
+        record says: ``label``, ``prompt``, ``both``, or None when unguided. ``auto`` counts the
+        prompt only when some scale differs from 1: at w = 1 fixed text is just conditioning."""
+        use_label, use_prompt = self.targets(prompted)
+        use_prompt = use_prompt and (self.on != "auto" or any(w != 1.0 for w in scales))
+        if not (use_label or use_prompt):
+            return None
+        return "both" if use_label and use_prompt else "label" if use_label else "prompt"
+
     def passes(self, prompted: bool) -> int:
         """Network passes per denoiser call: 2 when two conditions are mixed."""
         return 2 if any(self.targets(prompted)) and self.scale not in (0.0, 1.0) else 1

@@ -11,6 +11,9 @@ stream therefore takes its seed through ``mixed_seed``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: consecutive seeds land far apart
@@ -25,3 +28,14 @@ def mixed_seed(seed: int) -> int:
 def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator on ``device`` for sampling/evaluation seed ``seed``."""
     return torch.Generator(device).manual_seed(mixed_seed(seed))
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Torch's global stream seeded for evaluation seed ``seed`` (through ``mixed_seed``) for a
+    block of code, for code that draws from it (a process's loss); the caller's stream is
+    restored afterwards, so an evaluation inside training leaves training's draws as they were."""
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(mixed_seed(seed))
+        yield

@@ -37,10 +37,10 @@ from judge import fit_on_corpus
 
 from cdlm.data.corpus import BUNDLED
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer, smollm2_file
-from cdlm.generate import default_sampler, generate
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.model_file import load_model
+from cdlm.sampling import Plan, default_sampler, generate
 
 ROOT = Path("outputs/two_domains")
 SKIP_PARTS = ("test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages")
@@ -139,18 +139,14 @@ def sweep(ckpt: Path, scales: list[float], per_label: int, steps: int, judge, sc
     truth = [label for label in labels for _ in range(per_label)]
     rows = []
     for w in scales:
-        gen = generate(
-            model.process,
-            model.network,
-            model.tokenizer,
-            sampler,
-            steps=steps,
+        plan = Plan(
             num_samples=len(truth),
             seq_len=model.config["seq_len"],
-            seed=0,
+            steps=steps,
             cut_at_eos=False,
             guidance=Guidance(label=[labels.index(y) for y in truth], scale=w),
         )
+        gen = generate(model, sampler, plan)
         texts = [s.text for s in gen.samples]
         hits = [p == y for p, y in zip(judge.predict(texts), truth, strict=True)]
         row = {

@@ -22,11 +22,11 @@ import torch
 from cdlm.evaluation.harness import text_quality, val_bits_per_token
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
-from cdlm.generate import decode, named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
 from cdlm.regions import build_layout, prompt_template
+from cdlm.sampling import Plan, decode, named_sampler
 
 THRESHOLD = "cdlm.samplers.masked_steps.step_threshold"
 ENTROPY_BOUNDED = "cdlm.samplers.masked_steps.step_entropy_bounded"
@@ -87,7 +87,10 @@ def rows_for(args) -> list[tuple[str, str, str, dict, int, float]]:
                 "threshold",
                 {
                     "block_length": 32,
-                    "cache": cache,
+                    # conf/cache/<name>.yaml's object (none: no cache)
+                    "cache": {"_target_": f"cdlm.samplers.blockwise.{cache.title()}Cache"}
+                    if cache != "none"
+                    else None,
                     "temperature": temperature,
                 },
                 masked_steps,
@@ -108,19 +111,16 @@ def prompt_canvas(model, tokens: int, new_tokens: int):
 
 def evaluate(name, model, ckpt, config, options, steps, temperature, batch, prompt, args, scorer):
     canvas = prompt_canvas(model, args.prompt_tokens, args.new_tokens) if prompt else None
-    speed = measure(
-        model,
-        named_sampler(config, **options, stop_at_eos=False),  # every row: the whole canvas
-        args.repeats,
-        steps=steps,
+    plan = Plan(
         num_samples=batch,
         seq_len=args.new_tokens if canvas is None else len(canvas.editable),
-        seed=0,
-        grid="uniform",
+        steps=steps,
+        layout=canvas,
         cut_at_eos=False,  # whole canvases: every row is seq_len tokens, EOS one of them
-        **({"canvas": canvas} if canvas else {}),
     )
-    gen = speed.pop("generation")
+    sampler = named_sampler(config, **options, stop_at_eos=False)  # every row: the whole canvas
+    measured = measure(model, sampler, plan, args.repeats)
+    speed, gen = measured.as_dict(), measured.generation
     row = {
         "name": name,
         "process": model.process.kind,

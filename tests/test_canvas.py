@@ -10,13 +10,13 @@ import re
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import draw_from, run_cli
 
 from cdlm.canvas import LiveCanvas, Recorder, render, save
 from cdlm.canvas.terminal import Pieces
-from cdlm.generate import generate, named_sampler
 from cdlm.model_file import load_model
 from cdlm.regions import build_layout, prompt_template
+from cdlm.sampling import named_sampler
 
 SAMPLERS = {
     "tiny_checkpoint": "ddpm",
@@ -27,7 +27,7 @@ SAMPLERS = {
 
 def record(model, sampler: str, steps: int = 5, fixed=None, **options):
     recorder = Recorder(model.process, fixed=fixed)
-    gen = generate(
+    gen = draw_from(
         model.process,
         model.network,
         model.tokenizer,
@@ -81,7 +81,7 @@ def test_fixed_prompt_is_shown_apart_and_nfe_counts_cached_steps(tiny_masked_che
     length = model.config["seq_len"]
     canvas = build_layout(prompt_template("It is a truth"), model.tokenizer, length, 0)
     fixed = torch.tensor([not e for e in canvas.editable])
-    recorder, gen = record(model, "cached_ancestral", steps=12, fixed=fixed, canvas=canvas)
+    recorder, gen = record(model, "cached_ancestral", steps=12, fixed=fixed, layout=canvas)
     first = recorder.trajectories[0].frames[0]
     assert bool(first.decided[:, fixed].all())
     assert bool((recorder.trajectories[0].order[:, fixed] == -1).all())  # never "committed"

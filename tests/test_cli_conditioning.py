@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cdlm.cli.sample import label_index, read_canvas, validate
+from cdlm.cli.sample import layout_of, validate
 from cdlm.configs import compose_checked
 from cdlm.model_file import load_model
 from cdlm.validation import UsageError
@@ -147,8 +147,7 @@ def test_more_input_errors_name_the_problem(tiny_masked_checkpoint, args, needle
     model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
-        label_index(model, cfg.label)
-        read_canvas(cfg, model, model.config["seq_len"])
+        layout_of(cfg, model)
     message = str(err.value)
     assert "\n" not in message and all(n in message for n in needles), message
 
@@ -160,7 +159,7 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
     cfg = compose_checked("sample", args)
     validate(cfg)
     model = load_model(tiny_ar_checkpoint)
-    canvas, _ = read_canvas(cfg, model, model.config["seq_len"])
+    canvas = layout_of(cfg, model)
     prompt = sum(not e for e in canvas.editable)
     assert prompt >= 1 and len(canvas.ids) == prompt + 5 and all(canvas.editable[prompt:])
     out = tmp_path / "s.jsonl"
@@ -183,5 +182,5 @@ def test_bad_max_new_tokens_is_named(tiny_masked_checkpoint, args, needles):
     model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
-        read_canvas(cfg, model, model.config["seq_len"])
+        layout_of(cfg, model)
     assert all(n in str(err.value) for n in needles), str(err.value)

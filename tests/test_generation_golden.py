@@ -98,14 +98,22 @@ CASES: dict[str, tuple] = {
     "masked_confidence_dual_cache": (
         "masked",
         "confidence",
-        {"block_length": 4, "cache": "dual", "temperature": 1.0},
+        {
+            "block_length": 4,
+            "cache": {"_target_": "cdlm.samplers.blockwise.DualCache"},
+            "temperature": 1.0,
+        },
         False,
         {"canvas": INFILL},
     ),
     "masked_entropy_prefix_cache": (
         "masked",
         "entropy_bounded",
-        {"block_length": 4, "cache": "prefix", "temperature": 1.0},
+        {
+            "block_length": 4,
+            "cache": {"_target_": "cdlm.samplers.blockwise.PrefixCache"},
+            "temperature": 1.0,
+        },
         False,
         {},
     ),
@@ -121,7 +129,7 @@ CASES: dict[str, tuple] = {
         "block",
         "block",
         {
-            "cache": "none",
+            "cache": None,
             "step": {"_target_": "cdlm.samplers.masked_steps.step_threshold", "_partial_": True},
         },
         False,
@@ -132,15 +140,19 @@ CASES: dict[str, tuple] = {
 
 def generate_case(name: str) -> dict:
     """Runs one case through the sampling driver; returns what is pinned."""
-    from cdlm.generate import generate, named_sampler
+    from conftest import draw_from
+
     from cdlm.guidance import Guidance
+    from cdlm.sampling import named_sampler
 
     kind, sampler_name, sampler_options, labelled, options = CASES[name]
     process = make_process(kind).float()  # as models load: float32 (the contract runs float64)
     network = (labelled_network(process) if labelled else make_network(process)).float()
     options = dict(options)
     guidance = options.pop("guidance", None)
-    gen = generate(
+    if "canvas" in options:
+        options["layout"] = options.pop("canvas")
+    gen = draw_from(
         process,
         network,
         Ids(),

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import draw_from
 
 from cdlm import rng
 from cdlm.denoiser import Prediction
-from cdlm.generate import generate
 from cdlm.guidance import NO_LABEL, Guidance, Guided, WithLabel, drop_labels
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
@@ -123,7 +123,7 @@ def test_scale_0_is_unconditional_and_scale_1_conditional_for_every_process(kind
 
     def run(guidance=None, condition=None):
         if condition is None:
-            out = generate(
+            out = draw_from(
                 process,
                 net,
                 Tok(),

@@ -13,6 +13,7 @@ from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
+from cdlm.sampling import named_sampler
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,12 @@ def scorer():
 def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
     path = request.getfixturevalue(ckpt)
     corpus = request.getfixturevalue("tiny_corpus")
+    # whole canvases, so that every sample has tokens to score (AR: filled past its EOS)
+    sampler = named_sampler("ar", stop_at_eos=False) if ckpt == "tiny_ar_checkpoint" else None
     report = evaluate_checkpoint(
         str(path),
-        None,
+        sampler,
+        cut_at_eos=False,
         steps=4,
         num_samples=3,
         seed=0,
@@ -44,7 +48,8 @@ def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
     for key in ("wall_seconds", "tokens_per_sec", "nfe", "positions"):
         assert steady[key]["min"] <= steady[key]["median"] <= steady[key]["max"]
     q = report["quality"]
-    assert q["samples"]["gen_ppl"] == pytest.approx(50.0) or q["samples"]["scored_tokens"] == 0
+    assert q["samples"]["scored_tokens"] > 0 and q["reference"]["scored_tokens"] > 0
+    assert q["samples"]["gen_ppl"] == pytest.approx(50.0)
     assert q["reference"]["gen_ppl"] == pytest.approx(50.0)
     assert report["likelihood"]["bits_per_token"] > 0
     kind = report["model"]["process"]
@@ -52,7 +57,8 @@ def test_report_is_complete_and_consistent(ckpt, request, scorer, tmp_path):
         assert steady["revision_rounds"] is None and steady["nfe"]["median"] == 4
     else:  # token-state samplers count revisions and the first settled token
         assert 1 <= steady["revision_rounds"]["max"] <= max(steady["nfe"]["max"], 16)
-        assert steady["first_stable_seconds"]["min"] >= 0
+        first, wall = steady["first_stable_seconds"], steady["wall_seconds"]
+        assert 0 < first["min"] <= first["max"] <= wall["max"]  # within the run it settles in
     if kind == "autoregressive":
         assert steady["positions"]["median"] == steady["nfe"]["median"]
         assert report["likelihood"]["kind"] == "exact NLL"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import draw_from
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
 from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
-from cdlm.generate import generate
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
@@ -68,7 +68,7 @@ def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, opt
         if not key.startswith(kind):
             continue
         canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
-        out = generate(
+        out = draw_from(
             process,
             model(process),
             tok,
@@ -78,7 +78,7 @@ def test_fixed_regions_are_byte_identical_for_every_sampler(tok, name, kind, opt
             seq_len=L,
             seed=1,
             cut_at_eos=False,
-            canvas=canvas,
+            layout=canvas,
             strength=strength,
         )
         for s in out.samples:
@@ -109,7 +109,7 @@ def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok, op
     canvas = build_layout(parse_template(TEMPLATE), tok, L, 0)
     cfg = OmegaConf.load(config_dir() / "sampler" / "ddpm.yaml")
     sampler = instantiate(OmegaConf.merge(cfg, options))
-    generate(
+    draw_from(
         process,
         spy,
         tok,
@@ -117,7 +117,7 @@ def test_gaussian_network_sees_fixed_positions_as_correctly_noised_truth(tok, op
         steps=4,
         num_samples=1,
         seq_len=L,
-        canvas=canvas,
+        layout=canvas,
     )
     fixed = ~torch.tensor(canvas.editable)
     x0 = process.embedding(torch.tensor(canvas.ids))[fixed]
@@ -154,7 +154,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
     net = model(process)
     sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ar.yaml"))
     canvas = build_layout(prompt_template("It was the morning"), tok, L, 0)
-    out = generate(
+    out = draw_from(
         process,
         net,
         tok,
@@ -163,13 +163,13 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
         num_samples=2,
         seq_len=L,
         cut_at_eos=False,
-        canvas=canvas,
+        layout=canvas,
     )
     for s in out.samples:
         assert assemble(canvas, s.token_ids, tok)[0].startswith("It was the morning")
     infill = build_layout(parse_template(TEMPLATE), tok, L, 0)
     with pytest.raises(ValueError, match="only left context"):
-        generate(
+        draw_from(
             process,
             net,
             tok,
@@ -177,7 +177,7 @@ def test_autoregressive_takes_a_prompt_but_refuses_infill(tok):
             steps=1,
             num_samples=1,
             seq_len=L,
-            canvas=infill,
+            layout=infill,
         )
 
 
@@ -210,7 +210,7 @@ def test_guidance_and_fixed_regions_compose(tok):
     torch.nn.init.normal_(net.label_embed.weight)
     canvas = build_layout(parse_template(TEMPLATE), tok, L, tok.mask_token_id)
     sampler = instantiate(OmegaConf.load(config_dir() / "sampler" / "ancestral.yaml"))
-    out = generate(
+    out = draw_from(
         process,
         net,
         tok,
@@ -219,7 +219,7 @@ def test_guidance_and_fixed_regions_compose(tok):
         num_samples=2,
         seq_len=L,
         cut_at_eos=False,
-        canvas=canvas,
+        layout=canvas,
         guidance=Guidance(label=1, scale=3.0),
     )
     for s in out.samples:

@@ -12,8 +12,7 @@ from lightning.pytorch.callbacks import Timer
 
 from cdlm.cli.eval import default_out, usage
 from cdlm.evaluation import quality
-from cdlm.evaluation.harness import check_whole_canvases, stops_at_eos
-from cdlm.generate import named_sampler
+from cdlm.sampling import check_whole_canvases, named_sampler, stops_at_eos
 from cdlm.training.progress import BudgetProgressBar, budget
 
 

@@ -99,7 +99,7 @@ def sample(model, guidance, canvas, seed: int = 2) -> tuple[list[list[int]], int
         num_samples=3,
         seed=seed,
         guidance=guidance,
-        canvas=canvas,
+        layout=canvas,
         cut_at_eos=False,
     )
     return [s.token_ids for s in gen.samples], gen.nfe

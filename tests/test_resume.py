@@ -151,7 +151,7 @@ def _slow_save(folder: Path) -> None:
     """In a forked child: overwrite last.ckpt through ``Checkpoint`` with a writer that takes
     seconds, as a large checkpoint does (only Python file writes run in the child)."""
 
-    def save_model(path, weights_only=False):
+    def save_checkpoint(path, weights_only=False):
         with open(path, "wb") as f:
             for _ in range(200):
                 f.write(b"\0" * 65536)
@@ -159,7 +159,7 @@ def _slow_save(folder: Path) -> None:
                 time.sleep(0.02)
 
     trainer = SimpleNamespace(
-        save_model=save_model,
+        save_checkpoint=save_checkpoint,
         lightning_module=torch.nn.Module(),
         global_step=7,
         is_global_zero=True,

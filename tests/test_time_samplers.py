@@ -215,8 +215,9 @@ def test_phases_that_leave_no_diffusion_training_are_refused():
     """Phases are shares of the budget, so any step budget fits the default recipe; shares that
     add up past the whole budget (or an AR phase that is all of it) are refused at config time,
     with one line, before any work. In process: each CLI start costs seconds."""
-    from cdlm.cli.common import UsageError, compose_checked
     from cdlm.cli.train import validate
+    from cdlm.configs import compose_checked
+    from cdlm.validation import UsageError
 
     validate(compose_checked("train", ["process=masked", "trainer.max_steps=30"]))
     for shares, needle in (
@@ -230,7 +231,7 @@ def test_phases_that_leave_no_diffusion_training_are_refused():
 
 
 def test_lr_schedules_refuse_a_missing_budget():
-    from cdlm.training.module import wallclock_cosine, warmup_cosine
+    from cdlm.training.lr_schedules import wallclock_cosine, warmup_cosine
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="wallclock_cosine"):

@@ -17,60 +17,55 @@ from cdlm import config_dir, hub
 from cdlm.cli.common import (
     default_wandb_mode,
     fail,
-    require,
-    require_bool,
-    require_choice,
-    require_model_file,
-    require_number,
-    require_output_file,
+    resolve_device,
     run,
+    validate_model_and_output,
 )
-from cdlm.cli.sample import resolve_device
 from cdlm.evaluation import harness
 from cdlm.evaluation.quality import SCORER_INSTALL, load_scorer
-from cdlm.evaluation.report import compare_markdown, summary_markdown
-from cdlm.generate import sampling_defaults
+from cdlm.evaluation.report import compare_markdown, log_to_wandb, summary_markdown
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.model_file import load_model
 from cdlm.samplers.grids import GRIDS
+from cdlm.sampling import check_whole_canvases, choose
+from cdlm.validation import (
+    COUNT,
+    FLAG,
+    FRACTION,
+    POSITIVE,
+    SEED,
+    Choice,
+    Number,
+    check,
+    require,
+)
+
+RULES = {
+    "batch_size": COUNT,
+    "num_batches": Number(integer=True, at_least=1, nullable=True, note="(or null for all)"),
+    "data.val_fraction": FRACTION,
+    "data.packing": FLAG,
+    "metric.rtol": POSITIVE,  # the metric.* keys where the chosen metric has them
+    "metric.atol": POSITIVE,
+    "metric.t_samples": COUNT,
+    "metric.probes": COUNT,
+    "steps": Number(integer=True, at_least=1, nullable=True),
+    "num_samples": COUNT,
+    "repeats": COUNT,
+    "likelihood_draws": COUNT,
+    "seed": SEED,
+    "temperature": POSITIVE,
+    "grid": Choice(GRIDS),
+    "cut_at_eos": FLAG,
+    "wandb": FLAG,
+}
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
-    require(
-        cfg.ckpt is not None,
-        "ckpt=PATH is required (a cdlm-train run folder, a model folder, its model.safetensors, "
-        "or a Hugging Face Hub id)",
-    )
-    require_number("batch_size", cfg.batch_size, integer=True, at_least=1)
-    require_number(
-        "num_batches",
-        cfg.num_batches,
-        integer=True,
-        at_least=1,
-        nullable=True,
-        note="(or null for all)",
-    )
-    require_number("data.val_fraction", cfg.data.val_fraction, above=0, below=1)
-    require_bool("data.packing", cfg.data.packing)
-    for key in ("rtol", "atol"):
-        if key in cfg.metric:
-            require_number(f"metric.{key}", cfg.metric[key], above=0)
-    for key in ("t_samples", "probes"):
-        if key in cfg.metric:
-            require_number(f"metric.{key}", cfg.metric[key], integer=True, at_least=1)
-    require_number("steps", cfg.steps, integer=True, at_least=1, nullable=True)
-    for key in ("num_samples", "repeats", "likelihood_draws"):
-        require_number(key, cfg[key], integer=True, at_least=1)
-    require_number("seed", cfg.seed, integer=True)
-    require_number("temperature", cfg.temperature, above=0)
-    require_choice("grid", cfg.grid, GRIDS)
-    for key in ("cut_at_eos", "wandb"):
-        require_bool(key, cfg[key])
-    require_output_file("out", cfg.out)
-    resolve_device(cfg.device)
-    require_model_file(cfg.ckpt)
+    check(cfg, RULES)
+    validate_model_and_output(cfg)
 
 
 def default_out(ckpt: str, metric: str) -> Path:
@@ -107,8 +102,8 @@ def full_report(cfg: DictConfig) -> None:
     device = resolve_device(cfg.device)
     sampler = instantiate(cfg.get("sampler"))
     model = load_model(cfg.ckpt, device)  # to refuse a bad pair before the scorer loads
-    harness.check_whole_canvases(
-        sampling_defaults(model.process, model.config, cfg.steps, sampler)[1], cfg.cut_at_eos
+    check_whole_canvases(
+        choose(model.process, model.config, cfg.steps, sampler).sampler, cfg.cut_at_eos
     )
     path = report_path(cfg, "evaluate_checkpoint")
     scorer = (
@@ -139,29 +134,8 @@ def full_report(cfg: DictConfig) -> None:
     print(f"cdlm-eval: wrote {path} and {path.with_suffix('.md')}")
     update_card(cfg, harness.card_metrics(result, command()))
     if cfg.wandb:
+        default_wandb_mode()
         log_to_wandb(result)
-
-
-def log_to_wandb(result: dict) -> None:
-    """The report as a W&B run summary plus a samples table."""
-    import wandb
-
-    default_wandb_mode()
-    run_ = wandb.init(
-        project="cdlm",
-        job_type="eval",
-        config={k: result[k] for k in ("model", "sampler", "batch_size", "seed", "environment")},
-    )
-    flat = {
-        f"quality/{side}/{k}": v
-        for side in ("samples", "reference")
-        for k, v in result["quality"][side].items()
-    }
-    flat |= {f"speed/{k}": v["median"] for k, v in result["speed"]["steady"].items() if v}
-    flat["val/bits_per_token"] = result["likelihood"]["bits_per_token"]
-    run_.summary.update(flat)
-    run_.log({"samples": wandb.Table(columns=["text"], data=[[t] for t in result["samples"]])})
-    run_.finish()
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> None:
@@ -177,10 +151,16 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     )
     tokens = validation_tokens(model, cfg.data.path, cfg.data.val_fraction, cfg.data.packing)
     start = time.perf_counter()
-    report = evaluate(
-        model, metric, tokens, batch_size=cfg.batch_size, num_batches=cfg.num_batches, seed=cfg.seed
-    )
     name = metric.func.__name__
+    report = evaluate(
+        model,
+        metric,
+        tokens,
+        batch_size=cfg.batch_size,
+        num_batches=cfg.num_batches,
+        seed=cfg.seed,
+        desc=f"cdlm-eval: {name} batch",
+    )
     report = {
         "metric": name,
         "ckpt": str(cfg.ckpt),

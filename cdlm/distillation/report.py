@@ -6,7 +6,8 @@ from __future__ import annotations
 import warnings
 
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
-from cdlm.generate import decode, generate, named_sampler
+from cdlm.model_file import Model
+from cdlm.sampling import Plan, decode, generate, named_sampler
 
 
 class RoundEval:
@@ -30,16 +31,11 @@ class RoundEval:
     def __call__(self, module, steps: int) -> dict[str, float]:
         data = module.trainer.datamodule
         sampler = named_sampler(module.model_config["distillation"]["sampler"])
-        gen = generate(
-            module.process,
-            module.network,
-            data.tokenizer,
-            sampler,
-            steps=steps,
-            num_samples=self.num_samples,
-            seq_len=data.seq_len,
-            cut_at_eos=False,
+        model = Model(module.process, module.network, data.tokenizer, module.model_config)
+        plan = Plan(
+            num_samples=self.num_samples, seq_len=data.seq_len, steps=steps, cut_at_eos=False
         )
+        gen = generate(model, sampler, plan)
         ids = [s.token_ids for s in gen.samples]
         out = {"steps": float(steps), "entropy_bits": diversity(ids)["token_entropy_bits"]}
         scorer = self.scorer()

@@ -3,7 +3,6 @@ speed and work, in one report dict (see ``report.py`` for its markdown form)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import platform
 import sys
@@ -14,11 +13,12 @@ import torch
 
 from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity
 from cdlm.evaluation.speed import measure
-from cdlm.generate import decode, sampling_defaults
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.model_file import Model, load_model
-from cdlm.rng import mixed_seed
+from cdlm.progress import progress
+from cdlm.rng import seeded
+from cdlm.sampling import Plan, check_whole_canvases, choose, decode
 
 
 @torch.no_grad()
@@ -54,22 +54,30 @@ def _one_draw(model: Model, tokens: torch.Tensor, seed: int, batch_size: int) ->
     exact), else (a CE-trained gaussian model) the VDM ELBO of ``cdlm.likelihood``. PAD
     positions are not scored."""
     if not model.process.loss_is_bound:
-        result = evaluate(model, elbo, tokens, batch_size=batch_size, num_batches=None, seed=seed)
+        result = evaluate(
+            model,
+            elbo,
+            tokens,
+            batch_size=batch_size,
+            num_batches=None,
+            seed=seed,
+            desc="val bound (ELBO) batch",
+        )
         return {
             "bits_per_token": result["bits_per_token"]["total"],
             "terms": result["bits_per_token"],
         }
-    torch.manual_seed(mixed_seed(seed))
     device = next(model.network.parameters()).device
     den = model.process.make_denoiser(model.network)
     pad = model.tokenizer.pad_token_id
     nats, counted = 0.0, 0
-    for b in tokens.split(batch_size):
-        b = b.to(device)
-        valid = b != pad if pad is not None else torch.ones_like(b, dtype=torch.bool)
-        n = int(valid.sum())
-        nats += model.process.loss(den, {"tokens": b, "valid": valid}).loss.item() * n
-        counted += n
+    with seeded(seed, device):  # the process's loss draws its levels from the global stream
+        for b in progress(tokens.split(batch_size), "val bound batch"):
+            b = b.to(device)
+            valid = b != pad if pad is not None else torch.ones_like(b, dtype=torch.bool)
+            n = int(valid.sum())
+            nats += model.process.loss(den, {"tokens": b, "valid": valid}).loss.item() * n
+            counted += n
     return {"bits_per_token": nats / max(counted, 1) / math.log(2)}
 
 
@@ -79,28 +87,6 @@ def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer 
         ppl = generative_perplexity(texts, scorer)
         out |= {"gen_ppl": ppl.ppl, "scored_tokens": ppl.scored_tokens, "unscored": ppl.skipped}
     return out
-
-
-def stops_at_eos(sampler: Callable) -> bool:
-    """Whether ``sampler`` ends a sequence at its first EOS and pads the rest with EOS (the AR
-    sampler's ``stop_at_eos``, on by default)."""
-    fn = getattr(sampler, "func", sampler)
-    param = inspect.signature(fn).parameters.get("stop_at_eos")
-    default = param.default if param is not None else False
-    return bool(getattr(sampler, "keywords", {}).get("stop_at_eos", default))
-
-
-def check_whole_canvases(sampler: Callable, cut_at_eos: bool) -> None:
-    """Refuses ``cut_at_eos=False`` (score whole canvases) with a sampler that pads after EOS:
-    the padding would be scored as text (measured on an AR model: 4.48 bits of token entropy and
-    54% repeated 4-grams for samples that were fine)."""
-    if not cut_at_eos and stops_at_eos(sampler):
-        name = getattr(getattr(sampler, "func", sampler), "sampler_name", "this sampler")
-        raise ValueError(
-            f"cut_at_eos=false scores whole canvases, but sampler {name} stops at the first EOS "
-            "and pads the rest with EOS, which would be scored as text; give "
-            "sampler.stop_at_eos=false (fill whole canvases) or cut_at_eos=true"
-        )
 
 
 def evaluate_checkpoint(
@@ -125,51 +111,33 @@ def evaluate_checkpoint(
     on the first ``likelihood_sequences`` val sequences (None: all), averaged over
     ``likelihood_draws`` noise draws (``val_bits_per_token``). ``cut_at_eos=False`` scores
     whole canvases (EOS as line breaks): equal length for every model and sampler; a sampler
-    that pads after EOS is refused then (``check_whole_canvases``).
-    ``temperature``: the gaussian x0 softmax temperature (``cdlm.generate.generate``)."""
+    that pads after EOS is refused then (``check_whole_canvases``). ``temperature``: the
+    gaussian x0 softmax temperature (the process's sampling denoiser)."""
     start = time.perf_counter()
     model = load_model(ckpt, device)
     load_seconds = time.perf_counter() - start
-    steps, sampler, note = sampling_defaults(model.process, model.config, steps, sampler)
-    if note:
-        print(f"cdlm-eval: {note}", file=sys.stderr)
-    check_whole_canvases(sampler, cut_at_eos)
-    seq_len = model.config["seq_len"]
-    speed = measure(
-        model,
-        sampler,
-        repeats,
-        steps=steps,
+    choice = choose(model.process, model.config, steps, sampler)
+    if choice.note:
+        print(f"cdlm-eval: {choice.note}", file=sys.stderr)
+    check_whole_canvases(choice.sampler, cut_at_eos)
+    plan = Plan(
         num_samples=num_samples,
-        seq_len=seq_len,
+        seq_len=model.config["seq_len"],
+        steps=choice.steps,
         seed=seed,
         grid=grid,
+        denoising={"temperature": temperature},
         cut_at_eos=cut_at_eos,
-        temperature=temperature,
     )
-    samples = speed.pop("generation").samples
+    speed = measure(model, choice.sampler, plan, repeats)
+    samples = speed.generation.samples
     val = validation_tokens(model, data_path)
-    # Real text at equal length: the first len(sample i) tokens of val sequence i, its EOS
-    # (paragraph ends) kept as line breaks.
-    reference = [
-        decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos=False)
-        for row, s in zip(val.tolist(), samples, strict=False)
-    ]
-    options = {k: v for k, v in getattr(sampler, "keywords", {}).items()}
     return {
-        "model": {
-            "ckpt": str(ckpt),
-            "process": model.process.kind,
-            "seq_len": seq_len,
-            "parameters": sum(
-                p.numel() for m in (model.process, model.network) for p in m.parameters()
-            ),
-            "tokenizer": f"{type(model.tokenizer).__name__}, vocab {len(model.tokenizer)}",
-        },
+        "model": _model_facts(model, ckpt),
         "sampler": {
-            "name": getattr(getattr(sampler, "func", sampler), "sampler_name", "?"),
-            "options": options,
-            "steps": steps,
+            "name": choice.name,
+            "options": choice.options,
+            "steps": plan.steps,
             "grid": grid,
             "temperature": temperature,
         },
@@ -177,26 +145,49 @@ def evaluate_checkpoint(
         "seed": seed,
         "repeats": repeats,
         "cut_at_eos": cut_at_eos,
-        "environment": {
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "device": str(device) if device.type != "cpu" else f"cpu ({platform.machine()})",
-        },
+        "environment": _environment(device),
         "load_seconds": load_seconds,
-        "speed": speed,
+        "speed": speed.as_dict(),
         "quality": {
             "scorer": scorer.name if scorer else None,
             "samples": text_quality(
                 [s.token_ids for s in samples], [s.text for s in samples], scorer
             ),
-            "reference": text_quality(
-                [r.token_ids for r in reference], [r.text for r in reference], scorer
-            ),
+            "reference": _reference_quality(model, val, samples, scorer),
         },
         "likelihood": val_bits_per_token(
             model, val[:likelihood_sequences], seed, draws=likelihood_draws
         ),
         "samples": [s.text for s in samples],
+    }
+
+
+def _reference_quality(model: Model, val: torch.Tensor, samples, scorer: Scorer | None) -> dict:
+    """Real text at equal length: the first len(sample i) tokens of val sequence i, its EOS
+    (paragraph ends) kept as line breaks."""
+    reference = [
+        decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos=False)
+        for row, s in zip(val.tolist(), samples, strict=False)
+    ]
+    return text_quality([r.token_ids for r in reference], [r.text for r in reference], scorer)
+
+
+def _model_facts(model: Model, ckpt: str) -> dict:
+    modules = (model.process, model.network)
+    return {
+        "ckpt": str(ckpt),
+        "process": model.process.kind,
+        "seq_len": model.config["seq_len"],
+        "parameters": sum(p.numel() for m in modules for p in m.parameters()),
+        "tokenizer": f"{type(model.tokenizer).__name__}, vocab {len(model.tokenizer)}",
+    }
+
+
+def _environment(device: torch.device) -> dict:
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(device) if device.type != "cpu" else f"cpu ({platform.machine()})",
     }
 
 

@@ -105,3 +105,25 @@ def compare_markdown(paths: list[str | Path]) -> str:
     for key in rows[0]:
         lines.append(f"| {key} | " + " | ".join(_fmt(r[key]) for r in rows) + " |")
     return "\n".join(lines) + "\n"
+
+
+def log_to_wandb(report: dict) -> None:
+    """A full report as a W&B run summary plus a samples table (the W&B mode is the caller's:
+    offline without a key)."""
+    import wandb  # here: only runs that log to W&B load it
+
+    run = wandb.init(
+        project="cdlm",
+        job_type="eval",
+        config={k: report[k] for k in ("model", "sampler", "batch_size", "seed", "environment")},
+    )
+    flat = {
+        f"quality/{side}/{k}": v
+        for side in ("samples", "reference")
+        for k, v in report["quality"][side].items()
+    }
+    flat |= {f"speed/{k}": v["median"] for k, v in report["speed"]["steady"].items() if v}
+    flat["val/bits_per_token"] = report["likelihood"]["bits_per_token"]
+    run.summary.update(flat)
+    run.log({"samples": wandb.Table(columns=["text"], data=[[t] for t in report["samples"]])})
+    run.finish()

@@ -14,13 +14,14 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
-from cdlm.generate import Generation, generate
 from cdlm.model_file import Model
+from cdlm.progress import Progress
 from cdlm.samplers.base import StepInfo
+from cdlm.sampling import Generation, Plan, generate
 
 
 @dataclass
@@ -32,6 +33,9 @@ class RunStats:
     tokens_per_sec: float  # final tokens / wall seconds
     revision_rounds: int | None
     first_stable_seconds: float | None
+
+
+RUN_FIELDS = [f.name for f in fields(RunStats)]
 
 
 class _Tracker:
@@ -71,21 +75,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed_run(model: Model, sampler: Callable, **kwargs) -> tuple[Generation, RunStats]:
+def timed_run(model: Model, sampler: Callable, plan: Plan) -> tuple[Generation, RunStats]:
     """One generation of all samples in a single batch (the batch size is ``num_samples``)."""
+    plan = replace(plan, batch_size=None)
     device = next(model.network.parameters()).device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     tracker = _Tracker()
-    gen = generate(
-        model.process,
-        model.network,
-        model.tokenizer,
-        sampler,
-        callback=tracker,
-        batch_size=None,
-        **kwargs,
-    )
+    gen = generate(model, sampler, plan, callback=tracker)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     final = sum(len(s.token_ids) for s in gen.samples)
@@ -109,23 +106,48 @@ def spread(values: list[float | int | None]) -> dict[str, float] | None:
     return {"min": min(kept), "median": statistics.median(kept), "max": max(kept)}
 
 
-def measure(model: Model, sampler: Callable, repeats: int, **kwargs) -> dict:
-    """A warm-up run, then ``repeats`` runs with the same seed; returns the samples of the first
-    timed run and every statistic as min/median/max, plus each raw run."""
+@dataclass
+class Measurement:
+    """A warm-up run, the timed runs, the samples of the first timed run (``generation``) and
+    the peak memory over them all."""
+
+    generation: Generation
+    warmup: RunStats
+    runs: list[RunStats]
+    peak_memory_mb: float
+
+    @property
+    def steady(self) -> dict[str, dict[str, float] | None]:
+        """Every statistic of the timed runs as min / median / max."""
+        return {name: spread([getattr(r, name) for r in self.runs]) for name in RUN_FIELDS}
+
+    def as_dict(self) -> dict:
+        """The report's ``speed`` section (without the samples)."""
+        return {
+            "warmup": asdict(self.warmup),
+            "steady": self.steady,
+            "runs": [asdict(r) for r in self.runs],
+            "peak_memory_mb": self.peak_memory_mb,
+        }
+
+
+def measure(model: Model, sampler: Callable, plan: Plan, repeats: int) -> Measurement:
+    """A warm-up run, then ``repeats`` runs of the same plan (the same seed)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     device = next(model.network.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _, warmup = timed_run(model, sampler, **kwargs)
-    runs, first = [], None
-    for _ in range(repeats):
-        gen, stats = timed_run(model, sampler, **kwargs)
-        first = first or gen
-        runs.append(stats)
-    fields = RunStats.__dataclass_fields__
-    return {
-        "generation": first,
-        "warmup": asdict(warmup),
-        "steady": {name: spread([getattr(r, name) for r in runs]) for name in fields},
-        "runs": [asdict(r) for r in runs],
-        "peak_memory_mb": peak_memory_mb(device),
-    }
+    with Progress(repeats + 1, "sampling run (the first: warm-up)") as bar:
+        _, warmup = timed_run(model, sampler, plan)
+        bar.update()  # between runs: outside what a run times
+        timed = []
+        for _ in range(repeats):
+            timed.append(timed_run(model, sampler, plan))
+            bar.update()
+    return Measurement(
+        generation=timed[0][0],
+        warmup=warmup,
+        runs=[stats for _, stats in timed],
+        peak_memory_mb=peak_memory_mb(device),
+    )

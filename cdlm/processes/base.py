@@ -96,6 +96,16 @@ class Process(Protocol):
         self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
     ) -> Denoiser: ...
 
+    def conditioned_denoiser(
+        self,
+        network: nn.Module,
+        *,
+        guide=None,
+        fixed: Fixed | None = None,
+        generator=None,
+        **options,
+    ) -> Denoiser: ...
+
     def sample_t(
         self,
         n: int,
@@ -164,11 +174,44 @@ def shifted_network_logits(denoiser: Denoiser, tokens: Tensor, bos_id: int) -> T
     return denoiser.network(torch.cat([bos, tokens], 1), zeros, label=label)[:, :-1]
 
 
+@dataclass
+class Fixed:
+    """A canvas's fixed regions for one batch: ``ids`` (B, L) and ``editable`` (B, L) flags
+    (False where the sampler must reproduce ``ids``)."""
+
+    ids: Tensor
+    editable: Tensor
+
+
 class ProcessModule(nn.Module):
-    """Base of the process modules: the AR-phase flag the ``Phases`` callback sets, and the one
-    place where a training loss's statistics reach the time sampler."""
+    """Base of the process modules: the AR-phase flag the ``Phases`` callback sets, the one
+    place where a training loss's statistics reach the time sampler, and the one place where a
+    sampling denoiser is assembled."""
 
     ar_phase = False  # True while a Phases callback trains the network as next-token predictor
+
+    def conditioned_denoiser(
+        self,
+        network: nn.Module,
+        *,
+        guide=None,
+        fixed: Fixed | None = None,
+        generator: torch.Generator | None = None,
+        **options: Any,
+    ) -> Denoiser:
+        """The denoiser a sampler sees: the network's, wrapped by ``guide`` (guidance, a
+        denoiser -> denoiser function), then by the hold on the ``fixed`` regions (drawing its
+        noise from ``generator``), then by the process's own sampling wrappers, which alone read
+        ``options`` (gaussian: ``temperature``, ``clamp``; token processes refuse them)."""
+
+        def condition(denoiser: Denoiser) -> Denoiser:
+            if guide is not None:
+                denoiser = guide(denoiser)
+            if fixed is not None:
+                denoiser = self.hold_fixed(denoiser, fixed.ids, fixed.editable, generator)
+            return denoiser
+
+        return self.sampling_denoiser(network, condition=condition, **options)
 
     def observe(self, out: LossOutput) -> None:
         """Hands a training loss's (levels, losses) to the time sampler, if it learns."""

@@ -58,12 +58,23 @@ def register(name: str, processes: tuple[str, ...]) -> Callable[[Callable], Call
     return wrap
 
 
+def unwrapped(sampler: Callable) -> Callable:
+    """The sampler function behind a Hydra partial (``_partial_: true``) or the function itself:
+    the one place that looks inside a partial."""
+    return getattr(sampler, "func", sampler)
+
+
+def sampler_name(sampler: Callable) -> str:
+    """The registered name of ``sampler`` (a function or a partial of one)."""
+    fn = unwrapped(sampler)
+    return getattr(fn, "sampler_name", getattr(fn, "__name__", str(fn)))
+
+
 def check_compatible(sampler: Callable, process_kind: str) -> None:
     """Raises ValueError naming the samplers that fit ``process_kind`` if ``sampler`` does not."""
-    fn = getattr(sampler, "func", sampler)  # unwrap functools.partial from Hydra
-    if process_kind not in getattr(fn, "processes", ()):
+    if process_kind not in getattr(unwrapped(sampler), "processes", ()):
         fits = sorted(n for n, kinds in SAMPLERS.items() if process_kind in kinds)
-        name = getattr(fn, "sampler_name", getattr(fn, "__name__", str(fn)))
+        name = sampler_name(sampler)
         hint = f"use one of: {', '.join(fits)}" if fits else "no registered sampler fits it"
         raise ValueError(f"sampler {name!r} does not fit a {process_kind!r} model; {hint}")
 

@@ -17,8 +17,8 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from cdlm.evaluation.speed import peak_memory_mb
-from cdlm.generate import default_sampler, generate
 from cdlm.model_file import Model, save_model
+from cdlm.sampling import Plan, default_sampler, generate
 from cdlm.training.resume import weights_finite
 from cdlm.training.scaling import batch_report, whole_model
 
@@ -78,15 +78,11 @@ class LogSamples(L.Callback):
         if process is None:
             return
         data = trainer.datamodule
-        gen = generate(
-            process.to(pl_module.device),
-            network.to(pl_module.device),
-            data.tokenizer,
-            self.sampler or default_sampler(process),
-            steps=self.steps,
-            num_samples=self.num_samples,
-            seq_len=data.seq_len,
+        model = Model(
+            process.to(pl_module.device), network.to(pl_module.device), data.tokenizer, {}
         )
+        plan = Plan(num_samples=self.num_samples, seq_len=data.seq_len, steps=self.steps)
+        gen = generate(model, self.sampler or default_sampler(process), plan)
         rows = [[trainer.global_step, s.text] for s in gen.samples]
         for _, text in rows:
             rank_zero_info(f"[step {trainer.global_step}] {text[:300]}")

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from cdlm.evaluation.harness import val_bits_per_token
 from cdlm.hub import write_companions
 from cdlm.model_file import Model
+from cdlm.modes import eval_mode
 from cdlm.training.scaling import batch_sizes, whole_model
 
 
@@ -71,13 +72,9 @@ class ModelFolder(L.Callback):
         metrics = {}
         if self.bound_sequences > 0:
             tokens = data.val_set.tokens[: self.bound_sequences]
-            modes = process.training, network.training
-            process.eval(), network.eval()  # an eval-mode quantity (stratified t, no dropout)
-            try:
-                with torch.no_grad():
-                    bound = val_bits_per_token(model, tokens, seed=0)
-            finally:
-                process.train(modes[0]), network.train(modes[1])
+            # an eval-mode quantity (stratified t, no dropout)
+            with eval_mode(process, network), torch.no_grad():
+                bound = val_bits_per_token(model, tokens, seed=0)
             metrics = bound_facts(bound, f"at the end of training (step {trainer.global_step})")
             for logger in trainer.loggers:  # the one figure every process reports alike
                 final = {"final/bits_per_token": bound["bits_per_token"]}

@@ -1,0 +1,52 @@
+"""What a user gives to sample from, turned into a ``Layout`` and a label index, with errors that
+name the problem."""
+
+from __future__ import annotations
+
+from cdlm.model_file import Model
+from cdlm.regions import Layout, build_layout, parse_template, prompt_template
+
+
+def label_index(model: Model, label: str | None) -> int | None:
+    """The class index of ``label``; a clear error for unknown labels or unlabelled models."""
+    if label is None:
+        return None
+    if getattr(model.network, "num_classes", 0) == 0:
+        raise ValueError(f"label={label!r} given, but this model was trained without labels")
+    names = model.config.get("labels", [])
+    if str(label) not in names:
+        raise ValueError(f"unknown label {label!r}; this model knows: {', '.join(names)}")
+    return names.index(str(label))
+
+
+def read_layout(
+    model: Model,
+    seq_len: int,
+    *,
+    prompt: str | None = None,
+    infill: str | None = None,
+    edit: str | None = None,
+    max_new_tokens: int | None = None,
+) -> Layout | None:
+    """The canvas of fixed and editable regions from a prompt, an infill template or an edit
+    template's text (at most one), ``seq_len`` positions; with ``max_new_tokens`` the prompt and
+    that many positions after it instead. None without any of them."""
+    tok = model.tokenizer
+    fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
+    if prompt is not None:
+        segments = prompt_template(prompt)
+    elif infill is not None or edit is not None:
+        segments = parse_template(infill if infill is not None else edit)
+    else:
+        return None
+    layout = build_layout(segments, tok, seq_len, fill)
+    if max_new_tokens is None:
+        return layout
+    given = sum(not e for e in layout.editable)
+    total, most = given + max_new_tokens, model.config["seq_len"]
+    if total > most:
+        raise ValueError(
+            f"the prompt ({given} tokens) and max_new_tokens={max_new_tokens} make {total} "
+            f"positions, more than the model's {most} (its training length)"
+        )
+    return build_layout(segments, tok, total, fill)
