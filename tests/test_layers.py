@@ -1,5 +1,6 @@
 """Architecture rules that a refactor must not break (STYLE rules 1, 2 and 10)."""
 
+import ast
 import re
 import shutil
 import subprocess
@@ -12,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cdlm"
 
 @pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter not installed")
 def test_layers_only_point_down():
-    """cli > training > evaluation > likelihood > samplers > guidance/regions > processes >
-    denoiser/schedules/networks/data: the contract in pyproject.toml."""
+    """cli > run > ... > sampling > samplers > guidance/regions > processes > denoiser/...:
+    the contracts in pyproject.toml (and cli modules never import one another)."""
     result = subprocess.run(
         ["lint-imports"], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120
     )
@@ -28,6 +29,25 @@ def test_no_module_is_over_300_lines():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300
     }
     assert not long, f"split these by concept: {long}"
+
+
+def test_no_function_is_over_80_lines():
+    long = {
+        f"{p.relative_to(PACKAGE)}:{node.name}": node.end_lineno - node.lineno + 1
+        for p in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 80
+    }
+    assert not long, f"split these: {long}"
+
+
+def test_cli_is_thin():
+    """Entry points parse, check and print; the work lives in the library (issue 22)."""
+    lines = sum(
+        len(p.read_text(encoding="utf-8").splitlines()) for p in (PACKAGE / "cli").glob("*.py")
+    )
+    assert lines < 700, f"cdlm/cli/ has {lines} lines"
 
 
 def test_no_process_kind_chains():

@@ -138,8 +138,9 @@ def sample(cfg: DictConfig) -> None:
         denoising={"temperature": cfg.temperature, "clamp": cfg.clamp},
         cut_at_eos=layout is None,
     )
-    cache = cfg.get("cache")  # the conf/cache/ group, when chosen
-    sampler = with_cache(choice.sampler, None if cache is None else instantiate(cache))
+    sampler = choice.sampler
+    if "cache" in cfg:  # cache=prefix|dual|none chosen (conf/cache/; none: null)
+        sampler = with_cache(sampler, instantiate(cfg.cache))
     label = None if cfg.label is None else (label_index(model, cfg.label), str(cfg.label))
     view = View(cfg.progress, live=cfg.show == "canvas", record=cfg.canvas is not None)
     kept = []

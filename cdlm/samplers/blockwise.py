@@ -18,7 +18,6 @@ denoiser takes the whole canvas and ``positions`` and predicts those positions o
 from __future__ import annotations
 
 import functools
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,23 +189,6 @@ def cached_loop(
             x = ended
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=calls.nfe, positions=calls.positions)
-
-
-def with_cache(sampler, cache: str | None):
-    """``sampler`` (a Hydra partial) with the KV-cache choice ``cache`` (None: its default);
-    a clean error where the sampler has no such choice."""
-    if cache is None:
-        return sampler
-    fn = getattr(sampler, "func", sampler)
-    if "cache" not in inspect.signature(fn).parameters:
-        name = getattr(fn, "sampler_name", fn.__name__)
-        raise ValueError(
-            f"cache={cache} applies to block diffusion (sampler=block) and to masked samplers "
-            f"with sampler.block_length; sampler {name!r} has no such choice (the AR sampler "
-            "always keeps its exact KV cache: sampler.use_cache)"
-        )
-    keywords = dict(getattr(sampler, "keywords", {})) | {"cache": cache}
-    return functools.partial(fn, *getattr(sampler, "args", ()), **keywords)
 
 
 @register("block", processes=("block",))

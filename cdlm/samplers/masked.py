@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -42,6 +43,17 @@ from cdlm.samplers.masked_steps import (
 )
 
 Step = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """How a masked sampler walks the canvas: ``length`` of its blocks (None: one), the repeat
+    penalty, whether it stops at EOS, and its KV cache (None: none)."""
+
+    length: int | None
+    repeat_penalty: float
+    stop_at_eos: bool
+    cache: BlockCache | None
 
 
 def _loop(
@@ -94,49 +106,29 @@ def _sample(
     denoiser: Denoiser,
     x: Tensor,
     timesteps: Tensor,
-    *,
     process: MaskedProcess,
     generator: torch.Generator | None,
     callback: Callback | None,
-    block_length: int | None,
-    repeat_penalty: float,
-    stop_at_eos: bool,
-    cache: BlockCache | None = None,
+    blocks: Blocks,
     skip_unchanged: bool = False,
 ) -> SampleOutput:
     """The loop every masked sampler shares: over the whole canvas, or cached by blocks."""
-    if cache is None:
+    length, penalty, stop = blocks.length, blocks.repeat_penalty, blocks.stop_at_eos
+    if blocks.cache is None:
         return _loop(
-            step,
-            denoiser,
-            x,
-            timesteps,
-            process,
-            generator,
-            callback,
-            block_length,
-            repeat_penalty,
-            stop_at_eos,
+            step, denoiser, x, timesteps, process, generator, callback, length, penalty, stop,
             skip_unchanged,
-        )
-    check_cache(cache)
-    if block_length is None or repeat_penalty:
+        )  # fmt: skip
+    check_cache(blocks.cache)
+    if length is None or penalty:
         raise ValueError(
-            f"cache={cache.name} caches around semi-autoregressive blocks: set "
+            f"cache={blocks.cache.name} caches around semi-autoregressive blocks: set "
             "sampler.block_length (and no repeat_penalty)"
         )
     return cached_loop(
-        step,
-        denoiser,
-        x,
-        timesteps,
-        process,
-        generator,
-        callback,
-        block_length,
-        cache,
-        stop_at_eos=stop_at_eos,
-    )
+        step, denoiser, x, timesteps, process, generator, callback, length, blocks.cache,
+        stop_at_eos=stop,
+    )  # fmt: skip
 
 
 @register("ancestral", processes=("masked",))
@@ -158,19 +150,9 @@ def sample_ancestral(
     """MDLM ancestral sampling (Sahoo et al. 2024, eq. 7; ``step_ancestral``): each masked
     position is revealed with the schedule's reveal probability, its token drawn from the
     prediction. Options: see the module docstring."""
-    return _sample(
-        functools.partial(step_ancestral, temperature=temperature),
-        denoiser,
-        x,
-        timesteps,
-        process=process,
-        generator=generator,
-        callback=callback,
-        block_length=block_length,
-        repeat_penalty=repeat_penalty,
-        stop_at_eos=stop_at_eos,
-        cache=cache,
-    )
+    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
+    step = functools.partial(step_ancestral, temperature=temperature)
+    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
 
 
 @register("cached_ancestral", processes=("masked",))
@@ -192,18 +174,10 @@ def sample_cached_ancestral(
     skips the network while no token has changed, since a time-free denoiser would repeat its
     prediction (the same samples, fewer NFE). It has no KV cache of its own. Options: see the
     module docstring."""
+    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, None)
+    step = functools.partial(step_ancestral, temperature=temperature)
     return _sample(
-        functools.partial(step_ancestral, temperature=temperature),
-        denoiser,
-        x,
-        timesteps,
-        process=process,
-        generator=generator,
-        callback=callback,
-        block_length=block_length,
-        repeat_penalty=repeat_penalty,
-        stop_at_eos=stop_at_eos,
-        skip_unchanged=True,
+        step, denoiser, x, timesteps, process, generator, callback, blocks, skip_unchanged=True
     )
 
 
@@ -226,19 +200,9 @@ def sample_topk(
     """Low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5; ``step_topk``): each step
     commits the ceil(open / steps left) most confident proposals. Options: see the module
     docstring."""
-    return _sample(
-        functools.partial(step_topk, temperature=temperature),
-        denoiser,
-        x,
-        timesteps,
-        process=process,
-        generator=generator,
-        callback=callback,
-        block_length=block_length,
-        repeat_penalty=repeat_penalty,
-        stop_at_eos=stop_at_eos,
-        cache=cache,
-    )
+    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
+    step = functools.partial(step_topk, temperature=temperature)
+    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
 
 
 @register("threshold", processes=("masked",))
@@ -261,19 +225,9 @@ def sample_threshold(
     """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025; ``step_threshold``):
     each step commits every proposal whose probability exceeds ``threshold``, and at least the
     most confident one. Options: see the module docstring."""
-    return _sample(
-        functools.partial(step_threshold, temperature=temperature, threshold=threshold),
-        denoiser,
-        x,
-        timesteps,
-        process=process,
-        generator=generator,
-        callback=callback,
-        block_length=block_length,
-        repeat_penalty=repeat_penalty,
-        stop_at_eos=stop_at_eos,
-        cache=cache,
-    )
+    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
+    step = functools.partial(step_threshold, temperature=temperature, threshold=threshold)
+    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
 
 
 @register("entropy_bounded", processes=("masked",))
@@ -296,16 +250,6 @@ def sample_entropy_bounded(
     """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
     each step commits the lowest-entropy proposals while their summed entropy, less the
     largest, stays within ``gamma`` nats. Options: see the module docstring."""
-    return _sample(
-        functools.partial(step_entropy_bounded, temperature=temperature, gamma=gamma),
-        denoiser,
-        x,
-        timesteps,
-        process=process,
-        generator=generator,
-        callback=callback,
-        block_length=block_length,
-        repeat_penalty=repeat_penalty,
-        stop_at_eos=stop_at_eos,
-        cache=cache,
-    )
+    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
+    step = functools.partial(step_entropy_bounded, temperature=temperature, gamma=gamma)
+    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)

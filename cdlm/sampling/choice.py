@@ -72,10 +72,8 @@ def choose(process, config: dict, steps: int | None, sampler: Callable | None) -
 
 
 def with_cache(sampler: Callable, cache: Any) -> Callable:
-    """``sampler`` with the KV-cache choice ``cache`` (None: its default); a clean error where the
-    sampler has no such choice."""
-    if cache is None:
-        return sampler
+    """``sampler`` with the KV cache ``cache`` (a ``cdlm.samplers.blockwise.BlockCache``, or None:
+    no cache); a clean error where the sampler has no such choice."""
     fn = unwrapped(sampler)
     if "cache" not in inspect.signature(fn).parameters:
         raise ValueError(
