@@ -1,14 +1,18 @@
-"""Shared fixtures: a tiny corpus, a tiny trained checkpoint, and a quiet environment."""
+"""Shared fixtures: a tiny corpus, tiny trained checkpoints (one per process, trained once a
+session), the entry points run in-process or as commands, and a quiet environment."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cdlm.data.corpus import BUNDLED
 
@@ -33,10 +37,14 @@ TINY_TRAIN = [
 
 @pytest.fixture(scope="session", autouse=True)
 def quiet_env(tmp_path_factory):
-    """No W&B network, and a tokenizer cache private to the test session."""
+    """No W&B network, a tokenizer cache private to the test session, and one thread: the
+    suite's tensors are tiny, and on a busy machine (2 cores, other jobs) several threads per
+    op spin against each other, tens of times slower (tests/reliability_helpers.py)."""
     os.environ["WANDB_MODE"] = "disabled"
     os.environ["CDLM_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -65,14 +73,39 @@ def run_cli(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def run_main(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``run_cli`` in this process, which saves the seconds a fresh interpreter spends importing
+    torch and Lightning: the entry point's ``main`` with ``args`` in ``cwd``, its exit status
+    and what it printed. For what a real command adds (its start-up, its warnings filter),
+    ``run_cli``."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from cdlm.cli import eval, sample, train
+
+    main = {"cdlm-train": train.main, "cdlm-sample": sample.main, "cdlm-eval": eval.main}[prog]
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [prog, *args])
+        patch.chdir(cwd)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                main()
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else int(e.code is not None)
+        finally:
+            GlobalHydra.instance().clear()  # hydra.main leaves itself initialised
+    return subprocess.CompletedProcess([prog, *args], status, out.getvalue(), err.getvalue())
+
+
 def train_tiny(tmp_path_factory, corpus: Path, *overrides: str) -> Path:
-    """A 3-step model trained through the real CLI on the tiny corpus."""
+    """A 3-step model trained through the real entry point (in-process) on the tiny corpus."""
     run_dir = tmp_path_factory.mktemp("run")
-    result = run_cli(
+    result = run_main(
         "cdlm-train",
         f"data.path={corpus}",
         *TINY_TRAIN,
         *overrides,
+        "+trainer.enable_progress_bar=false",
         f"hydra.run.dir={run_dir}",
         cwd=run_dir,
     )
