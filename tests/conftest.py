@@ -136,16 +136,24 @@ def tiny_ar_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     return train_tiny(tmp_path_factory, tiny_corpus, "process=autoregressive")
 
 
-def draw(model, *, sampler=None, **options):
-    """``cdlm.generate.generate`` from a loaded ``Model``: its process's default sampler (unless
-    ``sampler``) and its own sequence length."""
-    from cdlm.generate import default_sampler, generate
+def draw(model, *, sampler=None, callback=None, **plan):
+    """``cdlm.sampling.generate`` on a loaded ``Model``: its process's default sampler (unless
+    ``sampler``), its own sequence length (unless ``seq_len``), and a ``Plan`` of ``plan``
+    (``temperature``/``clamp`` go to the plan's ``denoising``; ``guidance=None``: unguided)."""
+    from cdlm.sampling import Plan, default_sampler, generate
 
-    return generate(
-        model.process,
-        model.network,
-        model.tokenizer,
-        sampler or default_sampler(model.process),
-        seq_len=model.config["seq_len"],
-        **options,
-    )
+    for key in ("temperature", "clamp"):
+        if key in plan:
+            plan.setdefault("denoising", {})[key] = plan.pop(key)
+    if plan.get("guidance", 0) is None:
+        del plan["guidance"]
+    plan.setdefault("seq_len", model.config.get("seq_len"))
+    sampler = sampler or default_sampler(model.process)
+    return generate(model, sampler, Plan(**plan), callback)
+
+
+def draw_from(process, network, tokenizer, sampler, **plan):
+    """``draw`` on bare parts (a process, a network, a tokenizer) instead of a loaded model."""
+    from cdlm.model_file import Model
+
+    return draw(Model(process, network, tokenizer, {}), sampler=sampler, **plan)
