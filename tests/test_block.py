@@ -358,10 +358,10 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
     the clean past (more positions); cache=dual is refused."""
     import re
 
-    from conftest import TINY_TRAIN, run_cli
+    from conftest import TINY_TRAIN, run_main
 
     run = tmp_path / "run"
-    result = run_cli(
+    result = run_main(
         "cdlm-train",
         "process=block",
         "process.block_size=4",
@@ -373,7 +373,7 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
     assert result.returncode == 0, result.stderr[-3000:]
     runs = {}
     for choice in ([], ["cache=prefix"], ["cache=none"]):
-        out = run_cli(
+        out = run_main(
             "cdlm-sample",
             f"ckpt={run / 'model.safetensors'}",
             "steps=8",
@@ -387,5 +387,5 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
         runs[" ".join(choice)] = out.stdout.split("cdlm-sample:")[0], positions  # samples
     assert runs[""] == runs["cache=prefix"]
     assert runs["cache=none"][1] > runs[""][1]
-    bad = run_cli("cdlm-sample", f"ckpt={run / 'model.safetensors'}", "cache=dual", cwd=tmp_path)
+    bad = run_main("cdlm-sample", f"ckpt={run / 'model.safetensors'}", "cache=dual", cwd=tmp_path)
     assert bad.returncode == 2 and "no suffix to cache" in bad.stderr

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from conftest import draw_from, run_cli
+from conftest import draw_from, run_main
 
 from cdlm.canvas import LiveCanvas, Recorder, render, save
 from cdlm.canvas.terminal import Pieces
@@ -134,10 +134,10 @@ def test_png_strip_and_gif(tiny_masked_checkpoint, tmp_path):
 
 def test_cli_show_canvas_and_canvas_file(tiny_masked_checkpoint, tmp_path):
     args = (f"ckpt={tiny_masked_checkpoint}", "steps=3", "num_samples=2", "show=canvas")
-    result = run_cli("cdlm-sample", *args, "canvas=c.html", cwd=tmp_path)
+    result = run_main("cdlm-sample", *args, "canvas=c.html", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("step ") >= 3 and "NFE" in result.stderr
     assert "wrote the canvas of every step to c.html" in result.stdout
     assert (tmp_path / "c.html").is_file()
-    result = run_cli("cdlm-sample", *args, "canvas=c.txt", cwd=tmp_path)
+    result = run_main("cdlm-sample", *args, "canvas=c.txt", cwd=tmp_path)
     assert result.returncode == 2 and "valid formats: .html" in result.stderr

@@ -10,7 +10,7 @@ from cdlm.cli.sample import layout_of, validate
 from cdlm.configs import compose_checked
 from cdlm.model_file import load_model
 from cdlm.validation import UsageError
-from tests.conftest import run_cli
+from tests.conftest import run_main
 
 FAST = ["steps=2", "num_samples=2", "progress=false"]
 
@@ -31,7 +31,7 @@ def one_line_error(result, *needles):
 def test_a_list_of_scales_gives_one_record_per_sample_and_scale(ckpt, request, tmp_path):
     path = request.getfixturevalue(ckpt)
     out = tmp_path / "s.jsonl"
-    result = run_cli(
+    result = run_main(
         "cdlm-sample",
         f"ckpt={path}",
         "label=emma",
@@ -51,7 +51,7 @@ def test_a_list_of_scales_gives_one_record_per_sample_and_scale(ckpt, request, t
 
 def test_multirun_sweep_writes_one_output_per_scale(tiny_masked_checkpoint, tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_cli(
+    result = run_main(
         "cdlm-sample",
         "-m",
         f"ckpt={tiny_masked_checkpoint}",
@@ -72,7 +72,7 @@ def test_infill_keeps_fixed_text_and_maps_regions(ckpt, request, tmp_path):
     path = request.getfixturevalue(ckpt)
     out = tmp_path / "s.jsonl"
     template = "Emma [[2]], [[ok]]\tné."  # the tiny BPE is near character level; seq_len 16
-    result = run_cli(
+    result = run_main(
         "cdlm-sample",
         f"ckpt={path}",
         f'infill="{template}"',
@@ -95,7 +95,7 @@ def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
     source = tmp_path / "letter.txt"
     source.write_text("Anne, [[fine]] and well.\n", encoding="utf-8")
     out = tmp_path / "s.jsonl"
-    result = run_cli(
+    result = run_main(
         "cdlm-sample",
         f"ckpt={tiny_masked_checkpoint}",
         f"edit={source}",
@@ -121,7 +121,7 @@ def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
 )
 def test_input_errors_are_one_line(tiny_masked_checkpoint, tmp_path, args, needles):
     out = tmp_path / "s.jsonl"
-    result = run_cli(
+    result = run_main(
         "cdlm-sample", f"ckpt={tiny_masked_checkpoint}", *args, *FAST, f"out={out}", cwd=tmp_path
     )
     one_line_error(result, *needles)
@@ -163,7 +163,7 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
     prompt = sum(not e for e in canvas.editable)
     assert prompt >= 1 and len(canvas.ids) == prompt + 5 and all(canvas.editable[prompt:])
     out = tmp_path / "s.jsonl"
-    result = run_cli("cdlm-sample", *args, *FAST, f"out={out}", cwd=tmp_path)
+    result = run_main("cdlm-sample", *args, *FAST, f"out={out}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert all(r["text"].startswith("the morning") and r["nfe"] <= 6 for r in records(out))
 

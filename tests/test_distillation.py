@@ -510,13 +510,13 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
     with no teacher present, at its own recorded step count (and says so) or at steps=2."""
     import shutil
 
-    from conftest import run_cli
+    from conftest import run_cli, run_main
 
     teacher = tmp_path / "teacher.safetensors"
     shutil.copy(request.getfixturevalue(fixture), teacher)
     before = teacher.read_bytes()
     run = tmp_path / "run"
-    result = run_cli(
+    result = run_cli(  # a real command: the round lines come from Lightning's logger
         "cdlm-train",
         f"module={module}",
         f"teacher={teacher}",
@@ -542,8 +542,10 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
     assert teacher.read_bytes() == before
     teacher.unlink()
     student = run / "model.safetensors"
-    out = run_cli("cdlm-sample", f"ckpt={student}", "num_samples=1", "progress=false", cwd=tmp_path)
+    out = run_main(
+        "cdlm-sample", f"ckpt={student}", "num_samples=1", "progress=false", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "using its steps=4" in out.stderr
-    out = run_cli("cdlm-sample", f"ckpt={student}", "steps=2", "num_samples=1", cwd=tmp_path)
+    out = run_main("cdlm-sample", f"ckpt={student}", "steps=2", "num_samples=1", cwd=tmp_path)
     assert out.returncode == 0 and "steps=2" in out.stdout

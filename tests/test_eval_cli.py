@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_main
 from test_cli import assert_one_line_error
 
 
 def run_eval(*args, cwd):
-    return run_cli("cdlm-eval", *args, cwd=cwd)
+    return run_main("cdlm-eval", *args, cwd=cwd)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,9 @@ def test_metric_configs_compose_and_instantiate(metric):
 
 def test_full_report_from_the_cli_and_compare(tiny_masked_checkpoint, tiny_corpus, tmp_path):
     out = tmp_path / "report.json"
-    result = run_eval(
+    # a real command: its W&B summary (disabled here) must not set up wandb in this process
+    result = run_cli(
+        "cdlm-eval",
         f"ckpt={tiny_masked_checkpoint}",
         "sampler=confidence",
         "steps=4",

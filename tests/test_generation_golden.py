@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from test_sampler_contract import make_network, make_process
 
-from cdlm.networks.transformer import Transformer
 from cdlm.regions import Layout
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "golden_generation.json"
@@ -29,18 +27,6 @@ class Ids:
 
     def decode(self, ids, skip_special_tokens=True) -> str:
         return " ".join(map(str, ids))
-
-
-def labelled_network(process) -> Transformer:
-    """A seeded, nudged two-class network (the label embedding must reach the output)."""
-    torch.manual_seed(2)
-    network = Transformer(
-        **process.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=64, num_classes=2
-    ).double()
-    with torch.no_grad():
-        for p in network.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return network.eval()
 
 
 def canvas(ids: list[int], editable: list[bool]) -> Layout:
@@ -147,7 +133,8 @@ def generate_case(name: str) -> dict:
 
     kind, sampler_name, sampler_options, labelled, options = CASES[name]
     process = make_process(kind).float()  # as models load: float32 (the contract runs float64)
-    network = (labelled_network(process) if labelled else make_network(process)).float()
+    network = make_network(process, num_classes=2, seed=2) if labelled else make_network(process)
+    network = network.float()
     options = dict(options)
     guidance = options.pop("guidance", None)
     if "canvas" in options:

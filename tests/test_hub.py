@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import draw, run_cli
+from conftest import draw, run_main
 from transformers import AutoTokenizer
 
 import cdlm
@@ -85,10 +85,10 @@ def test_recorded_metrics_reach_the_card(tiny_masked_checkpoint, tmp_path):
 
 def test_cli_sample_and_eval_take_a_folder(tiny_masked_checkpoint, tmp_path):
     folder = load_model(tiny_masked_checkpoint).save_pretrained(tmp_path / "m")
-    result = run_cli("cdlm-sample", f"ckpt={folder}", "steps=2", "num_samples=1", cwd=tmp_path)
+    result = run_main("cdlm-sample", f"ckpt={folder}", "steps=2", "num_samples=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     args = (f"ckpt={folder}", "scorer=none", "wandb=false", "num_samples=2", "steps=2")
-    result = run_cli("cdlm-eval", *args, "repeats=1", "num_batches=1", cwd=tmp_path)
+    result = run_main("cdlm-eval", *args, "repeats=1", "num_batches=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"the report goes to {folder / 'eval.json'}" in result.stderr
     report = json.loads((folder / "eval.json").read_text())

@@ -174,7 +174,7 @@ def test_posterior_input_refuses_what_it_cannot_do():
 
 
 def test_posterior_input_model_trains_and_samples_from_the_cli(tmp_path_factory, tiny_corpus):
-    from tests.conftest import run_cli, train_tiny
+    from tests.conftest import run_main, train_tiny
 
     ckpt = train_tiny(
         tmp_path_factory,
@@ -186,7 +186,7 @@ def test_posterior_input_model_trains_and_samples_from_the_cli(tmp_path_factory,
         "phases.anneal=0.3",
     )
     out = tmp_path_factory.mktemp("samples") / "s.jsonl"
-    result = run_cli(
+    result = run_main(
         "cdlm-sample",
         f"ckpt={ckpt}",
         "num_samples=2",

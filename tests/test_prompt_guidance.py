@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import draw, run_cli
+from conftest import draw, run_main
 
 from cdlm.denoiser import Prediction
 from cdlm.guidance import NO_LABEL, Guidance, Guided
@@ -130,9 +130,9 @@ def test_the_ar_baseline_refuses_prompt_guidance(tiny_ar_checkpoint):
 
 def test_cli_prompt_guidance(tiny_masked_checkpoint, tmp_path):
     args = (f"ckpt={tiny_masked_checkpoint}", "steps=3", "num_samples=1")
-    result = run_cli("cdlm-sample", *args, 'prompt="Emma"', "guidance.scale=[1,2]", cwd=tmp_path)
+    result = run_main("cdlm-sample", *args, 'prompt="Emma"', "guidance.scale=[1,2]", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "(prompt guidance, scale 2)" in result.stdout
-    result = run_cli("cdlm-sample", *args, "guidance.on=prompt", cwd=tmp_path)
+    result = run_main("cdlm-sample", *args, "guidance.on=prompt", cwd=tmp_path)
     assert result.returncode == 2
     assert "guidance.on=prompt needs fixed text to guide on" in result.stderr

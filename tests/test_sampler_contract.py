@@ -68,13 +68,18 @@ def make_process(kind: str) -> nn.Module:
     return builders[kind]().double()
 
 
-def make_network(process: nn.Module) -> Transformer:
-    """A tiny seeded float64 Transformer with the widths ``process`` asks for. Every weight is
-    nudged off adaLN-Zero's identity start, or attention and the time input would not reach the
-    output and the golden tokens would not guard them."""
-    torch.manual_seed(1)
+def make_network(process: nn.Module, num_classes: int = 0, seed: int = 1) -> Transformer:
+    """A tiny seeded float64 Transformer with the widths ``process`` asks for (class-conditional
+    with ``num_classes``). Every weight is nudged off adaLN-Zero's identity start, or attention
+    and the time input would not reach the output and the golden tokens would not guard them."""
+    torch.manual_seed(seed)
     network = Transformer(
-        **process.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=64
+        **process.network_kwargs,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        max_seq_len=64,
+        num_classes=num_classes,
     ).double()
     with torch.no_grad():
         for p in network.parameters():
