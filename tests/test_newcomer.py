@@ -72,3 +72,14 @@ def test_whole_canvas_scoring_refuses_eos_padding():
     filled.keywords["stop_at_eos"] = False
     check_whole_canvases(filled, cut_at_eos=False)
     check_whole_canvases(named_sampler("ancestral"), cut_at_eos=False)
+
+
+def test_whole_canvas_scoring_refuses_a_blocked_masked_sampler_that_stops_at_eos():
+    """A masked sampler stops at EOS by default (its signature says so) but only decoding in
+    blocks has anything after a block to pad; the block sampler always decodes in blocks."""
+    for blocked in (named_sampler("ancestral", block_length=4), named_sampler("block")):
+        assert stops_at_eos(blocked)
+        with pytest.raises(ValueError, match="sampler.stop_at_eos=false"):
+            check_whole_canvases(blocked, cut_at_eos=False)
+    check_whole_canvases(named_sampler("ancestral", block_length=4, stop_at_eos=False), False)
+    assert not stops_at_eos(named_sampler("threshold"))  # one block: nothing after it
