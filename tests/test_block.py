@@ -13,7 +13,7 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.block import BlockProcess, vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
-from cdlm.samplers.blockwise import DualCache, PrefixCache, sample_block
+from cdlm.samplers.blockwise import Calls, DualCache, PrefixCache, sample_block
 from cdlm.samplers.masked import (
     sample_ancestral,
     sample_cached_ancestral,
@@ -166,20 +166,13 @@ def test_masked_cached_samplers_return_the_data_with_an_oracle(sampler, cache):
     assert torch.equal(out.tokens, truth)
 
 
-ISSUE_24 = pytest.mark.xfail(
-    strict=True,
-    reason="issue 24: a shifted model's dual cache keeps network position b (the block's last "
-    "token as input) from the rewrite, stale once that token is decided",
-)
-
-
 @pytest.mark.parametrize(
     ("shift", "cache"),
     [
         (False, PrefixCache()),
         (False, DualCache()),
         (True, PrefixCache()),
-        pytest.param(True, DualCache(), marks=ISSUE_24),
+        (True, DualCache()),
     ],
     ids=["prefix", "dual", "shifted_prefix", "shifted_dual"],
 )
@@ -220,6 +213,31 @@ def test_a_cache_read_is_a_full_pass_of_a_one_layer_network(shift, cache):
         stop_at_eos=False,
     )
     assert torch.equal(out.tokens, uncached.tokens) and out.positions < uncached.positions
+
+
+def test_a_shifted_dual_cache_sees_the_blocks_last_token_decided():
+    """Issue 24: a shifted model's block [4, 8) is the input of network positions 5..8, so the
+    dual cache must not keep position 8 from its rewrite. Deciding the block's last token then
+    moves every other block position's prediction (a cache that kept the stale [MASK] there left
+    them unchanged by exactly 0) to what a full pass gives, for 5 positions per read, not 4."""
+    process = MaskedProcess(V, MASK, EOS, shift=True)
+    den = process.make_denoiser(network(process, n_layers=1))
+    g = torch.Generator().manual_seed(5)
+    x = process.prior((2, 12), torch.device("cpu"), None)
+    x[:, :4] = torch.randint(1, V - 1, (2, 4), generator=g)  # the decided prefix
+    calls, cache = Calls(den, den.network.new_cache(), 12, torch.device("cpu")), DualCache()
+    with torch.no_grad():
+        cache.rewrite(calls, x, 4, 8, 1.0)
+        masked = cache.read(calls, x, 4, 8, 0.5)
+        decided = x.clone()
+        decided[:, 7] = 3
+        before = calls.positions
+        read = cache.read(calls, decided, 4, 8, 0.5)
+        full = den(decided, torch.full((2,), 0.5)).logits[:, 4:8]
+    assert calls.positions - before == 5
+    moved = (read[:, :3].exp() - masked[:, :3].exp()).abs().amax(-1)  # in probability: no -inf
+    assert bool((moved > 1e-6).all())
+    torch.testing.assert_close(read, full, atol=1e-10, rtol=0)
 
 
 def test_block_diffusion_reads_its_cache_as_it_would_recompute_the_past():

@@ -12,7 +12,10 @@ change, attending to cached keys and values of the rest. The cache is an object 
   and recomputes the block alone. The rewriting pass's own predictions serve that step.
 
 Windows are in the network's own coordinates (a shifted model's input is one longer); the
-denoiser takes the whole canvas and ``positions`` and predicts those positions only.
+denoiser takes the whole canvas and ``positions`` and predicts those positions only. On a shifted
+model a block [a, b) is predicted at network positions a..b-1 but its tokens are the inputs of
+a+1..b, so a step runs a..b (``Calls.window``): network position b is the block's, not the
+suffix's, and a dual cache that kept it would hold the block's last token as a stale [MASK].
 """
 
 from __future__ import annotations
@@ -40,17 +43,25 @@ from cdlm.samplers.masked_steps import (
 
 
 class Calls:
-    """The denoiser's window calls on a canvas, counting NFE and the positions the network
-    processes per sequence: a cached call runs its window only; an uncached one (block
+    """The denoiser's window calls on a canvas of ``length``, counting NFE and the positions the
+    network processes per sequence: a cached call runs its window only; an uncached one (block
     diffusion without a cache) recomputes the clean past before its window as well."""
 
-    def __init__(self, denoiser: Denoiser, kv: KVCache | None, net_len: int, device) -> None:
-        self.denoiser, self.kv, self.net_len, self.device = denoiser, kv, net_len, device
+    def __init__(self, denoiser: Denoiser, kv: KVCache | None, length: int, device) -> None:
+        self.denoiser, self.kv, self.device = denoiser, kv, device
+        self.net_len = network_length(denoiser, length)
+        self.shift = self.net_len - length  # 1 on a shifted masked model (its BOS), else 0
         self.nfe, self.positions = 0, 0
 
     def span(self, a: int, b: int) -> Tensor:
         """Positions a..b-1 of the network's sequence."""
         return torch.arange(a, b, device=self.device)
+
+    def window(self, a: int, b: int) -> Tensor:
+        """The network positions that change with canvas block [a, b): those that predict it
+        (a..b-1) and those whose inputs are its tokens (one to the right when shifted). The
+        first b - a predict the block."""
+        return self.span(a, b + self.shift)
 
     def __call__(self, x: Tensor, at: Tensor, t: float, write: bool = False) -> Tensor:
         """Log-probabilities (B, len(at), V) at positions ``at`` of canvas ``x`` (B, L); a
@@ -116,19 +127,21 @@ class PrefixCache(BlockCache):
 @dataclass(frozen=True)
 class DualCache(BlockCache):
     """Fast-dLLM's dual cache (Wu et al. 2025): the decided prefix and the still-masked suffix
-    both cached, each step recomputing the block alone (a full-attention masked model only)."""
+    both cached, each step recomputing the block alone (its ``Calls.window``, one position more
+    on a shifted model; a full-attention masked model only)."""
 
     name: ClassVar[str] = "dual"
 
     def rewrite(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
         calls.kv.truncate(0)
-        suffix, block = calls.span(b, calls.net_len), calls.span(a, b)
-        logp = calls(x, torch.cat([calls.span(0, a), suffix, block]), t, write=True)
-        calls.kv.truncate(a + len(suffix))  # drops the block's entries, stale after this step
-        return logp[:, -len(block) :]
+        window = calls.window(a, b)
+        suffix = calls.span(a + len(window), calls.net_len)
+        logp = calls(x, torch.cat([calls.span(0, a), suffix, window]), t, write=True)
+        calls.kv.truncate(a + len(suffix))  # drops the window's entries, stale after this step
+        return logp[:, -len(window) :][:, : b - a]
 
     def read(self, calls: Calls, x: Tensor, a: int, b: int, t: float) -> Tensor:
-        return calls(x, calls.span(a, b), t)
+        return calls(x, calls.window(a, b), t)[:, : b - a]
 
 
 def check_cache(cache: object) -> None:
@@ -160,7 +173,7 @@ def cached_loop(
     length, mask_id, device = x.shape[1], process.mask_id, x.device
     exact = getattr(process, "block_size", None) is not None
     kv = None if cache is None else denoiser.network.new_cache()
-    calls = Calls(denoiser, kv, network_length(denoiser, length), device)
+    calls = Calls(denoiser, kv, length, device)
     blocks = blocks_of(length, block_length)
     grid = block_grid(timesteps, len(blocks), steps_per_block)
     i, pred, cached_upto = 0, None, 0
