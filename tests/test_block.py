@@ -326,6 +326,32 @@ def test_sample_block_spells_out_its_options():
         sample_block(oracle(x, process), x, uniform_grid(2), process=process, threshold=0.9)
 
 
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        (functools.partial(step_threshold, threshold=0.0), r"threshold must be in \(0, 1\]"),
+        (functools.partial(step_threshold, threshold=1.01), r"threshold must be in \(0, 1\]"),
+        (functools.partial(step_entropy_bounded, gamma=-1.0), "gamma must be >= 0"),
+    ],
+    ids=["threshold_0", "threshold_above_1", "gamma_negative"],
+)
+def test_a_block_step_with_an_option_out_of_range_is_refused_before_any_call(step, message):
+    """The block sampler checks its step's bound options first (a bare 'math domain error' at
+    the first step for threshold 0 before); the step itself refuses them too."""
+    process = block_process(4)
+    x = process.prior((1, 8), torch.device("cpu"), None)
+
+    def uncallable(*args, **kwargs):
+        raise AssertionError("the network was called before the step's options were checked")
+
+    with pytest.raises(ValueError, match=message):
+        sample_block(uncallable, x, uniform_grid(2), process=process, step=step)
+    logp = torch.zeros(1, 8, V, dtype=torch.float64).log_softmax(-1)
+    iv = Interval(t=1.0, s=0.5, steps_left=2, p_reveal=0.5)
+    with pytest.raises(ValueError, match=message):
+        step(x, logp, x == MASK, iv, None)
+
+
 def test_cache_choices_that_do_not_fit_are_refused():
     process = block_process(4)
     x = process.prior((1, 8), torch.device("cpu"), None)

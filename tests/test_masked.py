@@ -277,3 +277,42 @@ def test_every_option_is_in_the_signature(sampler, step, own):
     process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS)
     with pytest.raises(TypeError, match="tempreature"):
         sampler(None, torch.full((1, 4), MASK), uniform_grid(2), process=process, tempreature=1)
+
+
+class Uncallable:
+    """A denoiser that must not be called: an option check comes before any network call."""
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("the network was called before the options were checked")
+
+
+@pytest.mark.parametrize(
+    ("sampler", "option", "bad", "message"),
+    [
+        (sample_threshold, "threshold", 0.0, r"threshold must be in \(0, 1\]"),
+        (sample_threshold, "threshold", -0.5, r"threshold must be in \(0, 1\]"),
+        (sample_threshold, "threshold", 1.5, r"threshold must be in \(0, 1\]"),
+        (sample_threshold, "threshold", math.nan, r"threshold must be in \(0, 1\]"),
+        (sample_entropy_bounded, "gamma", -0.1, "gamma must be >= 0"),
+        (sample_entropy_bounded, "gamma", math.nan, "gamma must be >= 0"),
+    ],
+)
+@pytest.mark.parametrize("block_length", [None, 4])
+def test_guard_options_out_of_range_are_refused_before_any_call(
+    sampler, option, bad, message, block_length
+):
+    """tau = 0 was a bare 'math domain error' from log(0) at the first step; now every masked
+    sampler (whole canvas or cached blocks) names the option and its range before it runs."""
+    from cdlm.samplers.blockwise import DualCache
+
+    cache = DualCache() if block_length else None
+    with pytest.raises(ValueError, match=message):
+        run(sampler, Uncallable(), block_length=block_length, cache=cache, **{option: bad})
+
+
+def test_guard_options_at_their_bounds_are_accepted():
+    data = torch.randint(0, 3, (2, 8))
+    out, _ = run(sample_threshold, Oracle(data), shape=(2, 8), threshold=1.0)
+    assert torch.equal(out.tokens, data)
+    out, _ = run(sample_entropy_bounded, Oracle(data), shape=(2, 8), gamma=0.0)
+    assert torch.equal(out.tokens, data)

@@ -36,6 +36,7 @@ from cdlm.samplers.masked_steps import (
     Interval,
     block_grid,
     blocks_of,
+    check_step,
     ended_at_eos,
     network_length,
     step_ancestral,
@@ -228,6 +229,7 @@ def sample_block(
     finished blocks are read from the KV cache (``PrefixCache()``, exact) or recomputed (None).
     ``stop_at_eos``: stop once every row has produced EOS (the rest becomes EOS); False fills
     the whole canvas. x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
+    check_step(step)
     check_cache(cache)
     if isinstance(cache, DualCache):
         raise ValueError(

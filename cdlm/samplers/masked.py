@@ -33,6 +33,7 @@ from cdlm.samplers.masked_steps import (
     Interval,
     block_grid,
     blocks_of,
+    check_step,
     ended_at_eos,
     network_length,
     penalise_repeats,
@@ -113,6 +114,7 @@ def _sample(
     skip_unchanged: bool = False,
 ) -> SampleOutput:
     """The loop every masked sampler shares: over the whole canvas, or cached by blocks."""
+    check_step(step)
     length, penalty, stop = blocks.length, blocks.repeat_penalty, blocks.stop_at_eos
     if blocks.cache is None:
         return _loop(

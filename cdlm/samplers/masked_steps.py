@@ -1,7 +1,8 @@
 """The pure step functions of masked diffusion sampling, and what the whole-canvas loop
 (``cdlm.samplers.masked``) and the cached block loop (``cdlm.samplers.blockwise``) share: the
 reveal probability (``Interval.between``), the blocks and their time grid (``blocks_of``,
-``block_grid``) and stop-at-EOS (``ended_at_eos``).
+``block_grid``), stop-at-EOS (``ended_at_eos``) and the check of a step's options
+(``check_step``).
 
 A state is a (B, L) tensor of token ids with [MASK] where nothing is decided yet. Each step
 decides which still-masked ``open_`` positions to commit and to what, and never changes a
@@ -10,6 +11,7 @@ committed token. Categorical draws are float64 and made only at the positions be
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +80,20 @@ def step_topk(
     return torch.where(chosen, proposal, x)
 
 
+def check_threshold(threshold: float) -> None:
+    """A clear error for a confidence threshold outside (0, 1] (log 0 has no value)."""
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(
+            f"threshold must be in (0, 1] (the probability a proposal must exceed), got {threshold}"
+        )
+
+
+def check_gamma(gamma: float) -> None:
+    """A clear error for a negative (or NaN) entropy budget."""
+    if not gamma >= 0.0:
+        raise ValueError(f"gamma must be >= 0 (nats of summed entropy per step), got {gamma}")
+
+
 def step_threshold(
     x: Tensor,
     logp: Tensor,
@@ -90,6 +106,7 @@ def step_threshold(
     """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025): commit every open
     position whose proposal has probability above ``threshold``, and at least the most confident
     one per row; the last step of a block commits everything left."""
+    check_threshold(threshold)
     proposal, conf = _confidence(x, logp, open_, generator, temperature)
     best = torch.zeros_like(open_).scatter_(-1, conf.argmax(-1, keepdim=True), True)
     chosen = open_ & ((conf > math.log(threshold)) | best | (iv.steps_left == 1))
@@ -111,12 +128,28 @@ def step_entropy_bounded(
     their marginals errs by at most their mutual dependence, which that sum bounds, so the step
     commits many tokens where the model is sure and one where it is not (always at least one;
     the last step of a block commits everything left). Entropies in float64."""
+    check_gamma(gamma)
     proposal = sample_categorical(logp, generator, temperature)
     entropy = torch.special.entr(logp.double().exp()).sum(-1).masked_fill(~open_, torch.inf)
     ascending, order = entropy.sort(-1)
     within = (ascending.cumsum(-1) - ascending) <= gamma  # the first open one: 0 <= gamma
     chosen = open_ & (torch.zeros_like(open_).scatter_(-1, order, within) | (iv.steps_left == 1))
     return torch.where(chosen, proposal, x)
+
+
+STEP_CHECKS: dict[str, Callable[[float], None]] = {
+    "threshold": check_threshold,
+    "gamma": check_gamma,
+}
+
+
+def check_step(step: Callable[..., Tensor]) -> None:
+    """Checks the options bound on a step function (``functools.partial(step_threshold,
+    threshold=...)``, as the samplers and Hydra's ``_partial_`` make it), so that a bad one
+    fails before the first network call rather than inside a step."""
+    for name, param in inspect.signature(step).parameters.items():
+        if name in STEP_CHECKS and param.default is not inspect.Parameter.empty:
+            STEP_CHECKS[name](param.default)
 
 
 def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
