@@ -94,3 +94,27 @@ def test_exact_nll_takes_one_pass_whatever_the_draws(tiny_ar_checkpoint, tiny_co
     result = val_bits_per_token(model, tokens, 0, draws=4)
     assert result["draws"] == 1 and "std_error" not in result
     assert result["bits_per_token"] == val_bits_per_token(model, tokens, 9)["bits_per_token"]
+
+
+def test_a_prompted_run_counts_only_the_tokens_it_generated(tiny_masked_checkpoint):
+    """tokens/s counts what the sampler wrote: a prompt's fixed positions are not final
+    tokens (they made every prompt row of the speed table about 1.25x too fast)."""
+    from cdlm.evaluation.speed import timed_run
+    from cdlm.sampling import Plan
+    from cdlm.sampling.inputs import read_layout
+
+    model = load_model(str(tiny_masked_checkpoint))
+    layout = read_layout(model, 16, prompt="the cat")  # its continuation fills the canvas
+    editable = sum(layout.editable)
+    assert len(layout.ids) == 16 and 0 < editable < 16
+    sampler = named_sampler("confidence", block_length=4, stop_at_eos=False)
+    for cut in (False, True):
+        plan = Plan(3, len(layout.ids), steps=4, layout=layout, cut_at_eos=cut)
+        gen, stats = timed_run(model, sampler, plan)
+        assert stats.final_tokens <= 3 * editable
+        if not cut:  # whole canvases: exactly the editable positions of every sample
+            assert stats.final_tokens == 3 * editable
+            assert all(len(s.token_ids) == len(layout.ids) for s in gen.samples)
+        assert stats.tokens_per_sec == stats.final_tokens / stats.wall_seconds
+    unprompted = Plan(3, 16, steps=4, cut_at_eos=False)
+    assert timed_run(model, sampler, unprompted)[1].final_tokens == 3 * 16

@@ -29,7 +29,7 @@ class RunStats:
     wall_seconds: float
     nfe: int
     positions: int  # per sequence
-    final_tokens: int  # all samples, after cutting at EOS
+    final_tokens: int  # generated tokens of all samples (``generated_tokens``)
     tokens_per_sec: float  # final tokens / wall seconds
     revision_rounds: int | None
     first_stable_seconds: float | None
@@ -75,6 +75,16 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def generated_tokens(gen: Generation, plan: Plan) -> int:
+    """The tokens the sampler generated, all samples: each sample's ids after cutting at EOS,
+    and with a layout only its editable positions among them (a prompt's fixed tokens are
+    given, not generated, and would make a prompted run look faster than it is)."""
+    if plan.layout is None:
+        return sum(len(s.token_ids) for s in gen.samples)
+    editable = plan.layout.editable
+    return sum(sum(editable[: len(s.token_ids)]) for s in gen.samples)
+
+
 def timed_run(model: Model, sampler: Callable, plan: Plan) -> tuple[Generation, RunStats]:
     """One generation of all samples in a single batch (the batch size is ``num_samples``)."""
     plan = replace(plan, batch_size=None)
@@ -85,7 +95,7 @@ def timed_run(model: Model, sampler: Callable, plan: Plan) -> tuple[Generation, 
     gen = generate(model, sampler, plan, callback=tracker)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    final = sum(len(s.token_ids) for s in gen.samples)
+    final = generated_tokens(gen, plan)
     rounds, first_stable = tracker.revision_stats(getattr(model.process, "mask_id", None))
     return gen, RunStats(
         wall_seconds=gen.wall_seconds,
