@@ -40,6 +40,7 @@ from cdlm.evaluation.quality import diversity, generative_perplexity, load_score
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.model_file import load_model
+from cdlm.samplers.base import sampler_name
 from cdlm.sampling import Plan, default_sampler, generate
 
 ROOT = Path("outputs/two_domains")
@@ -173,7 +174,7 @@ def sweep(ckpt: Path, scales: list[float], per_label: int, steps: int, judge, sc
     return {
         "ckpt": str(ckpt),
         "process": model.process.kind,
-        "sampler": sampler.func.sampler_name,
+        "sampler": sampler_name(sampler),
         "steps": steps,
         "labels": labels,
         "samples_per_scale": len(truth),

@@ -312,10 +312,10 @@ def test_time_based_checkpoints_as_well_as_step_based(
     import lightning as L
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    import cdlm.training.resume as checkpointing
+    import cdlm.training.resume as resume
 
     clock = [0.0]
-    monkeypatch.setattr(checkpointing, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(resume, "time", SimpleNamespace(monotonic=lambda: clock[0]))
 
     class Tick(L.Callback):
         def on_train_batch_end(self, *args) -> None:

@@ -6,7 +6,7 @@ parametrized over the whole table, so a new sampler gets every check once it has
 ``test_every_registered_sampler_has_a_case`` fails, naming it, until it does.
 
 The network is a real tiny ``Transformer`` in float64 with a counting hook, built the way
-``cdlm.generate`` builds the denoiser (``process.sampling_denoiser(network)``). The processes
+``cdlm.sampling.generate`` builds the denoiser (``process.conditioned_denoiser(network)``). The processes
 are built without shifted prediction (no BOS prepended), so the positions the network sees
 per call are exactly the sequence length.
 
@@ -234,7 +234,7 @@ DenoiserFactory = Callable[[nn.Module, nn.Module, Tensor | None], Callable]
 
 
 def real(process: nn.Module, network: nn.Module, data: Tensor | None) -> Callable:
-    """The denoiser ``cdlm.generate`` gives a sampler."""
+    """The denoiser ``cdlm.sampling.generate`` gives a sampler (unguided, nothing held)."""
     return process.sampling_denoiser(network)
 
 
@@ -245,7 +245,7 @@ def run(
     global_seed: int = 0,
     **options,
 ) -> Run:
-    """Runs sampler ``name`` as ``cdlm.generate`` would: prior and sampler share one generator.
+    """Runs sampler ``name`` as ``cdlm.sampling.generate`` would: prior and sampler share one generator.
     ``global_seed`` reseeds torch's global stream just before sampling, which a sampler must not
     read (the factories reseed it too, so without this two runs could not tell)."""
     case = CASES[name]

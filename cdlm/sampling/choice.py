@@ -3,6 +3,7 @@ and the options a caller may add (a KV cache); what a chosen sampler implies for
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -32,8 +33,29 @@ class Choice:
 
     @property
     def options(self) -> dict[str, Any]:
-        """The options the sampler was given (its partial's keywords)."""
-        return dict(getattr(self.sampler, "keywords", {}))
+        """The options the sampler was given (its partial's keywords), as a report can store
+        them (JSON): a step function by its name and options, a cache by its class and fields."""
+        return {k: _recorded(v) for k, v in getattr(self.sampler, "keywords", {}).items()}
+
+
+def _recorded(value: Any) -> Any:
+    """``value`` in JSON's types: numbers, strings, lists and dicts as they are; a partial as its
+    function's path and keywords; a dataclass as its class's path and fields."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_recorded(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _recorded(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        kind = type(value)
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"_target_": f"{kind.__module__}.{kind.__qualname__}"} | _recorded(fields)
+    fn = unwrapped(value)
+    if hasattr(fn, "__qualname__"):
+        keywords = dict(getattr(value, "keywords", {}))
+        return {"_target_": f"{fn.__module__}.{fn.__qualname__}"} | _recorded(keywords)
+    return repr(value)
 
 
 def named_sampler(name: str, **options: Any) -> Callable:
