@@ -2,7 +2,9 @@
 
 A template is plain text in which ``[[N]]`` marks a blank of N tokens and ``[[some text]]`` an
 editable span that starts from ``some text``; everything else is fixed. ``build_layout`` turns the
-regions into initial token ids plus a per-position "may write" mask for the sampler, and
+regions into initial token ids plus a per-position "may write" mask for the sampler (a canvas of
+exactly those regions: an infill or edit template ends where it ends, a prompt ends with the
+open tail that is its continuation), and
 ``assemble`` turns the sampled ids back into text with a map from input regions to output
 regions. Fixed regions are written back from the template itself, so they come back
 byte-identical whatever the tokenizer's decode does; the sampled ids are still checked against
@@ -12,7 +14,7 @@ the canvas so that a sampler which overwrote a fixed position is caught, not hid
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,9 +34,10 @@ class Segment:
 
     text: str  # the region's template text ('' for a blank)
     editable: bool
-    blank_tokens: int | None  # N for [[N]] (and the canvas tail), else None
+    blank_tokens: int | None  # N for [[N]] (and the laid-out tail), else None
     start: int
     end: int
+    tail: bool = False  # a blank that takes the canvas's room left over (after a prompt)
 
 
 def parse_template(template: str) -> list[Segment]:
@@ -77,23 +80,24 @@ def parse_template(template: str) -> list[Segment]:
 
 
 def prompt_template(prompt: str) -> list[Segment]:
-    """A prompt is a fixed prefix, taken literally (brackets in it are plain text); the canvas
-    tail that ``build_layout`` adds is what gets generated."""
-    return [Segment(prompt, False, None, 0, len(prompt))]
+    """A prompt is a fixed prefix, taken literally (brackets in it are plain text), and a tail:
+    the continuation after it is what gets generated, as long as the canvas allows."""
+    end = len(prompt)
+    return [Segment(prompt, False, None, 0, end), Segment("", True, None, end, end, tail=True)]
 
 
 @dataclass
 class Layout:
     """The sampler's starting point: what each position holds and whether it may change."""
 
-    ids: list[int]  # seq_len initial ids: fixed tokens, editable spans' tokens, fill_id in blanks
-    editable: list[bool]  # seq_len flags; True where the sampler may write
+    ids: list[int]  # one per position: fixed tokens, editable spans' tokens, fill_id in blanks
+    editable: list[bool]  # one per position; True where the sampler may write
     spans: list[tuple[int, int]]  # token span [a, b) of each segment, in order
     segments: list[Segment]
 
     @property
     def seeded(self) -> list[bool]:
-        """seq_len flags; True inside editable text spans ([[text]]), whose tokens an edit
+        """One flag per position; True inside editable text spans ([[text]]), whose tokens an edit
         starts from; blanks and the tail start from the prior."""
         flags = [False] * len(self.ids)
         for seg, (a, b) in zip(self.segments, self.spans, strict=True):
@@ -109,18 +113,21 @@ def _tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def build_layout(
     segments: list[Segment], tokenizer: PreTrainedTokenizerBase, seq_len: int, fill_id: int
 ) -> Layout:
-    """Lays the regions out on a canvas of ``seq_len`` tokens.
+    """Lays the regions out end to end on a canvas of at most ``seq_len`` tokens.
 
-    Each region is tokenised on its own so that region boundaries fall on token boundaries.
-    Room left over becomes an editable tail (generation continues after the text), recorded as a
-    final blank segment at the end of the template.
+    The canvas is exactly the regions, so nothing is written after the template's last one: an
+    infill or edit template (``parse_template``) ends where it ends, after its last fixed text or
+    with its last gap, and ``seq_len`` only bounds it. A final ``tail`` segment (a prompt's
+    continuation, ``prompt_template``) is the one region that grows: to the room the others
+    leave on ``seq_len`` (none left: it is dropped). Each region is tokenised on its own so that
+    region boundaries fall on token boundaries.
     """
-    template_end = segments[-1].end if segments else 0
+    tail = segments[-1] if segments and segments[-1].tail else None
     ids: list[int] = []
     editable: list[bool] = []
     spans: list[tuple[int, int]] = []
     kept: list[Segment] = []
-    for seg in segments:
+    for seg in segments[:-1] if tail is not None else segments:
         if seg.blank_tokens is not None:
             tokens = [fill_id] * seg.blank_tokens
         else:
@@ -138,12 +145,12 @@ def build_layout(
             f"the prompt and fixed regions take {len(ids)} tokens, longer than the canvas of "
             f"{seq_len} (seq_len)"
         )
-    if len(ids) < seq_len:
-        tail = seq_len - len(ids)
-        kept.append(Segment("", True, tail, template_end, template_end))
+    if tail is not None and len(ids) < seq_len:
+        room = seq_len - len(ids)
+        kept.append(replace(tail, blank_tokens=room))
         spans.append((len(ids), seq_len))
-        ids += [fill_id] * tail
-        editable += [True] * tail
+        ids += [fill_id] * room
+        editable += [True] * room
     return Layout(ids=ids, editable=editable, spans=spans, segments=kept)
 
 
@@ -187,7 +194,7 @@ def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
 def assemble(
     canvas: Layout, ids: list[int], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[str, list[Region]]:
-    """The output text and its region map, from the sampled ``ids`` (seq_len of them).
+    """The output text and its region map, from the sampled ``ids`` (one per canvas position).
 
     Raises ``ValueError`` if the ids differ from the canvas at a fixed region: the sampler broke
     the constraint, and writing the template text back would hide that.

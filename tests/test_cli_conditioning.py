@@ -9,6 +9,8 @@ import pytest
 from cdlm.cli.sample import layout_of, validate
 from cdlm.configs import compose_checked
 from cdlm.model_file import load_model
+from cdlm.regions import parse_template
+from cdlm.sampling.inputs import read_layout
 from cdlm.validation import UsageError
 from tests.conftest import run_main
 
@@ -67,11 +69,20 @@ def test_multirun_sweep_writes_one_output_per_scale(tiny_masked_checkpoint, tmp_
     assert sorted(records(f)[0]["scale"] for f in files) == [0.0, 1.0, 2.0, 4.0]
 
 
+@pytest.mark.parametrize(
+    "template, fixed_texts",
+    [
+        ("Em [[2]], [[ok]]\tné.", ["Em ", ", ", "\tné."]),
+        ("Em [[2]], [[ok]] [[3]]", ["Em ", ", ", " "]),
+    ],
+    ids=["fixed-end", "gap-end"],
+)
 @pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint"])
-def test_infill_keeps_fixed_text_and_maps_regions(ckpt, request, tmp_path):
+def test_infill_keeps_fixed_text_and_maps_regions(ckpt, template, fixed_texts, request, tmp_path):
+    """The output is the template's regions and ends where the template ends (the tiny BPE is
+    near character level: 14 tokens each, and the models' seq_len is 16)."""
     path = request.getfixturevalue(ckpt)
     out = tmp_path / "s.jsonl"
-    template = "Emma [[2]], [[ok]]\tné."  # the tiny BPE is near character level; seq_len 16
     result = run_main(
         "cdlm-sample",
         f"ckpt={path}",
@@ -83,12 +94,22 @@ def test_infill_keeps_fixed_text_and_maps_regions(ckpt, request, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     for r in records(out):
         fixed = [g for g in r["regions"] if g["kind"] == "fixed"]
-        assert [g["text"] for g in fixed] == ["Emma ", ", ", "\tné."]
+        assert [g["text"] for g in fixed] == fixed_texts
+        assert [tuple(g["input"]) for g in r["regions"]] == [
+            (seg.start, seg.end) for seg in parse_template(template)
+        ]
         for g in r["regions"]:
             a, b = g["output"]
             assert r["text"][a:b] == g["text"]
             if g["kind"] == "fixed":
                 assert template[g["input"][0] : g["input"][1]] == g["text"]
+        last = r["regions"][-1]
+        assert last["input"][1] == len(template) and last["output"][1] == len(r["text"])
+        assert last["tokens"][1] == len(r["token_ids"]) < 16  # nothing after the template
+        if template.endswith("."):
+            assert r["text"].endswith("\tné.") and last["kind"] == "fixed"
+        else:
+            assert last["kind"] == "generated" and last["tokens"][1] - last["tokens"][0] == 3
 
 
 def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
@@ -106,9 +127,9 @@ def test_edit_file_regenerates_only_its_spans(tiny_masked_checkpoint, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     for r in records(out):
-        assert r["text"].startswith("Anne, ")
+        assert r["text"].startswith("Anne, ") and r["text"].endswith(" and well.\n")
         fixed = [g["text"] for g in r["regions"] if g["kind"] == "fixed"]
-        assert fixed == ["Anne, ", " and well.\n"]
+        assert fixed == ["Anne, ", " and well.\n"] and r["regions"][-1]["kind"] == "fixed"
 
 
 @pytest.mark.parametrize(
@@ -166,6 +187,20 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
     result = run_main("cdlm-sample", *args, *FAST, f"out={out}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert all(r["text"].startswith("the morning") and r["nfe"] <= 6 for r in records(out))
+
+
+def test_read_layout_sizes_only_a_prompt_by_seq_len(tiny_masked_checkpoint):
+    """A template's canvas is its regions whatever seq_len (which only bounds it); a prompt's
+    runs to seq_len; max_new_tokens, which sizes what follows a prompt, is refused without one."""
+    model = load_model(tiny_masked_checkpoint)
+    template = "Emma [[2]] né."  # 11 tokens
+    for kind in ("infill", "edit"):
+        exact, bound = (read_layout(model, n, **{kind: template}) for n in (11, 16))
+        assert exact == bound and len(bound.ids) == 11 and not bound.editable[-1]
+    prompt = read_layout(model, 16, prompt="Emma")
+    assert len(prompt.ids) == 16 and prompt.editable[-1]
+    with pytest.raises(ValueError, match="max_new_tokens counts the tokens after a prompt"):
+        read_layout(model, 16, infill=template, max_new_tokens=4)
 
 
 @pytest.mark.parametrize(

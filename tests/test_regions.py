@@ -82,8 +82,11 @@ def test_parse_errors_name_the_problem_and_offset(template, words, offset):
     assert words in message and f"character {offset}" in message and "\n" not in message
 
 
-def test_prompt_template_is_one_literal_fixed_prefix():
-    assert prompt_template("Once [[upon]]") == [Segment("Once [[upon]]", False, None, 0, 13)]
+def test_prompt_template_is_a_literal_fixed_prefix_and_a_tail():
+    assert prompt_template("Once [[upon]]") == [
+        Segment("Once [[upon]]", False, None, 0, 13),
+        Segment("", True, None, 13, 13, tail=True),
+    ]
 
 
 # --- canvas --------------------------------------------------------------------------------
@@ -92,10 +95,11 @@ def test_prompt_template_is_one_literal_fixed_prefix():
 def test_canvas_lengths_flags_and_spans(tok):
     t = "She said [[4]] and [[smiled warmly]] at him."
     canvas = build_layout(parse_template(t), tok, seq_len=64, fill_id=FILL)
-    assert len(canvas.ids) == len(canvas.editable) == 64
-    assert len(canvas.spans) == len(canvas.segments)
+    n = len(canvas.ids)
+    assert len(canvas.editable) == n < 64  # the template's regions, not the whole seq_len
+    assert len(canvas.spans) == len(canvas.segments) == len(parse_template(t))
     # spans tile the canvas in order
-    assert canvas.spans[0][0] == 0 and canvas.spans[-1][1] == 64
+    assert canvas.spans[0][0] == 0 and canvas.spans[-1][1] == n
     assert all(b == c for (_, b), (c, _) in zip(canvas.spans, canvas.spans[1:], strict=False))
     for seg, (a, b) in zip(canvas.segments, canvas.spans, strict=True):
         assert canvas.editable[a:b] == [seg.editable] * (b - a)
@@ -106,26 +110,35 @@ def test_canvas_lengths_flags_and_spans(tok):
     assert canvas.segments[1].blank_tokens == 4
 
 
-def test_canvas_tail_is_an_editable_blank_at_the_template_end(tok):
+def test_template_canvas_ends_where_the_template_ends(tok):
+    """No editable tail after an infill/edit template, however long seq_len: it ends at its
+    last fixed text, or with its last gap."""
     t = "It is a truth [[universally]] acknowledged"
     n = sum(len(ids_of(tok, s)) for s in ("It is a truth ", "universally", " acknowledged"))
-    canvas = build_layout(parse_template(t), tok, seq_len=n + 7, fill_id=FILL)
-    assert canvas.segments[-1] == Segment("", True, 7, len(t), len(t))
-    assert canvas.spans[-1] == (n, n + 7)
-    assert canvas.ids[n:] == [FILL] * 7 and all(canvas.editable[n:])
-    # exactly full: no tail
-    full = build_layout(parse_template(t), tok, seq_len=n, fill_id=FILL)
-    assert len(full.segments) == 3 and len(full.ids) == n
+    for seq_len in (n, n + 7):
+        canvas = build_layout(parse_template(t), tok, seq_len=seq_len, fill_id=FILL)
+        assert canvas.segments == parse_template(t) and len(canvas.ids) == n
+        assert canvas.spans[-1] == (n - len(ids_of(tok, " acknowledged")), n)
+        assert not canvas.editable[-1]
+    gap = "It is a truth [[5]]"
+    canvas = build_layout(parse_template(gap), tok, seq_len=n + 7, fill_id=FILL)
+    k = len(ids_of(tok, "It is a truth "))
+    assert canvas.segments == parse_template(gap) and canvas.spans == [(0, k), (k, k + 5)]
+    assert canvas.ids[k:] == [FILL] * 5 and canvas.editable == [False] * k + [True] * 5
 
 
 def test_prompt_canvas_and_empty_prompt(tok):
     canvas = build_layout(prompt_template("Emma Woodhouse"), tok, seq_len=20, fill_id=FILL)
     k = len(ids_of(tok, "Emma Woodhouse"))
     assert canvas.editable == [False] * k + [True] * (20 - k)
-    assert [s.editable for s in canvas.segments] == [False, True]
+    assert canvas.segments[1] == Segment("", True, 20 - k, 14, 14, tail=True)
+    assert canvas.spans == [(0, k), (k, 20)] and canvas.ids[k:] == [FILL] * (20 - k)
+    # a prompt that fills the canvas leaves no tail
+    full = build_layout(prompt_template("Emma Woodhouse"), tok, seq_len=k, fill_id=FILL)
+    assert full.editable == [False] * k and len(full.segments) == 1
     # an empty prompt tokenises to nothing: it is dropped, the whole canvas is the tail
     empty = build_layout(prompt_template(""), tok, seq_len=5, fill_id=FILL)
-    assert empty.segments == [Segment("", True, 5, 0, 0)] and empty.spans == [(0, 5)]
+    assert empty.segments == [Segment("", True, 5, 0, 0, tail=True)] and empty.spans == [(0, 5)]
 
 
 def test_template_longer_than_canvas_names_both_numbers(tok):
@@ -153,9 +166,9 @@ def test_round_trip_keeps_fixed_text_byte_identical(tok):
             assert tok.decode(canvas.ids[a:b], clean_up_tokenization_spaces=False) == seg.text
     at = t.index("[[über]]")
     assert [r.text for r in regions if r.input == (at, at + 8)] == ["über"]
-    # blanks and the tail hold EOS, written as line breaks
-    assert regions[1].text == "\n\n\n" and regions[-1].kind == "generated"
-    assert text == "".join(r.text for r in regions)
+    # blanks hold EOS, written as line breaks; the output ends with the template's end
+    assert regions[1].text == "\n\n\n" and regions[-1].kind == "fixed"
+    assert text == "".join(r.text for r in regions) and text.endswith("“quoted” über  \n")
 
 
 def test_output_spans_slice_the_output_text(tok):
@@ -190,7 +203,8 @@ def test_assemble_refuses_ids_that_changed_a_fixed_region(tok):
     broken[a] = canvas.ids[a] + 1
     with pytest.raises(ValueError, match=rf"fixed region at characters 17-27.*token {a}"):
         assemble(canvas, broken, tok)
-    with pytest.raises(ValueError, match="19 sampled ids for a canvas of 20"):
+    n = len(canvas.ids)
+    with pytest.raises(ValueError, match=f"{n - 1} sampled ids for a canvas of {n}"):
         assemble(canvas, canvas.ids[:-1], tok)
 
 

@@ -29,10 +29,14 @@ def read_layout(
     max_new_tokens: int | None = None,
 ) -> Layout | None:
     """The canvas of fixed and editable regions from a prompt, an infill template or an edit
-    template's text (at most one), ``seq_len`` positions; with ``max_new_tokens`` the prompt and
-    that many positions after it instead. None without any of them."""
+    template's text (at most one); None without any of them. A template's canvas is its regions
+    and ends where it ends (``cdlm.regions.build_layout``), at most ``seq_len`` positions; a
+    prompt's continues to ``seq_len`` positions, or with ``max_new_tokens`` to that many after
+    the prompt."""
     tok = model.tokenizer
     fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
+    if max_new_tokens is not None and prompt is None:
+        raise ValueError("max_new_tokens counts the tokens after a prompt; give one")
     if prompt is not None:
         segments = prompt_template(prompt)
     elif infill is not None or edit is not None:
