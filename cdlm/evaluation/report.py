@@ -20,7 +20,7 @@ QUALITY_ROWS = (
 )
 SPEED_ROWS = (
     ("wall_seconds", "wall time (s)"),
-    ("tokens_per_sec", "tokens/s (final tokens)"),
+    ("tokens_per_sec", "tokens/s (generated tokens)"),
     ("nfe", "NFE"),
     ("positions", "positions processed / sequence"),
     ("revision_rounds", "revision rounds"),

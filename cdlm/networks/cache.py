@@ -18,7 +18,9 @@ Three uses:
   [0..p-1, p+b..L-1, p..p+b-1] (bidirectional attention with explicit positions does not care
   about order, so this equals one plain pass over the sequence), then ``cache.truncate(p + s)``
   to drop the block's stale entries; each denoising step of the block then runs read-only with
-  positions p..p+b-1.
+  positions p..p+b-1. (Positions are the network's: on a shifted model, whose input is one
+  longer, the block's window reaches one position further, p..p+b, because that position
+  reads the block's last token; ``cdlm.samplers.blockwise.Calls.window``.)
 """
 
 from __future__ import annotations
