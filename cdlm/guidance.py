@@ -163,6 +163,12 @@ class Guidance:
             return None
         return "both" if use_label and use_prompt else "label" if use_label else "prompt"
 
+    def guides_prompt(self, prompted: bool) -> bool:
+        """Whether a call guides on the prompt, its unconditional pass seeing the prompt at the
+        prior: the prompt is a target and w != 1 (w = 1 is the conditional model itself,
+        whatever the process)."""
+        return self.targets(prompted)[1] and self.scale != 1.0
+
     def passes(self, prompted: bool) -> int:
         """Network passes per denoiser call: 2 when two conditions are mixed."""
         return 2 if any(self.targets(prompted)) and self.scale not in (0.0, 1.0) else 1
@@ -178,8 +184,8 @@ class Guidance:
     ):
         """The guided denoiser for samples ``first`` to ``first + batch``; ``where`` / ``blank``:
         the prompt positions (B, L) and the prior's state there, for prompt guidance."""
-        use_label, use_prompt = self.targets(where is not None and bool(where.any()))
-        use_prompt = use_prompt and self.scale != 1.0  # w = 1: the conditional model itself
+        prompted = where is not None and bool(where.any())
+        use_label, use_prompt = self.targets(prompted)[0], self.guides_prompt(prompted)
         label = None
         if isinstance(self.label, int):
             label = torch.full((batch,), self.label, dtype=torch.long, device=device)

@@ -168,7 +168,7 @@ def test_more_input_errors_name_the_problem(tiny_masked_checkpoint, args, needle
     model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
-        layout_of(cfg, model)
+        layout_of(cfg, model, model.config["seq_len"])
     message = str(err.value)
     assert "\n" not in message and all(n in message for n in needles), message
 
@@ -180,7 +180,7 @@ def test_max_new_tokens_sizes_the_canvas_after_the_prompt(tiny_ar_checkpoint, tm
     cfg = compose_checked("sample", args)
     validate(cfg)
     model = load_model(tiny_ar_checkpoint)
-    canvas = layout_of(cfg, model)
+    canvas = layout_of(cfg, model, model.config["seq_len"])
     prompt = sum(not e for e in canvas.editable)
     assert prompt >= 1 and len(canvas.ids) == prompt + 5 and all(canvas.editable[prompt:])
     out = tmp_path / "s.jsonl"
@@ -217,5 +217,5 @@ def test_bad_max_new_tokens_is_named(tiny_masked_checkpoint, args, needles):
     model = load_model(tiny_masked_checkpoint)
     with pytest.raises(UsageError) as err:
         validate(cfg)
-        layout_of(cfg, model)
+        layout_of(cfg, model, model.config["seq_len"])
     assert all(n in str(err.value) for n in needles), str(err.value)

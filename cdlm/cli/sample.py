@@ -99,15 +99,15 @@ def output_path(out: str | None) -> Path | None:
     return Path(out) if out else None
 
 
-def layout_of(cfg: DictConfig, model: Model) -> Layout | None:
-    """The layout of ``prompt=``, ``infill=`` or ``edit=FILE`` (None without any); a
-    ``UsageError`` naming a missing file or a bad template."""
+def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
+    """The layout of ``prompt=``, ``infill=`` or ``edit=FILE`` (None without any), at most
+    ``seq_len`` positions; a ``UsageError`` naming a missing file or a bad template."""
     if cfg.edit is not None and not Path(cfg.edit).is_file():
         raise UsageError(f"edit file not found: {cfg.edit}")
     try:
         return read_layout(
             model,
-            cfg.seq_len or model.config["seq_len"],
+            seq_len,
             prompt=None if cfg.prompt is None else str(cfg.prompt),
             infill=None if cfg.infill is None else str(cfg.infill),
             edit=None if cfg.edit is None else Path(cfg.edit).read_text(encoding="utf-8"),
@@ -124,10 +124,11 @@ def sample(cfg: DictConfig) -> None:
     choice = choose(model.process, model.config, cfg.steps, chosen)
     if choice.note:
         print(f"cdlm-sample: {choice.note}", file=sys.stderr)
-    layout = layout_of(cfg, model)
+    seq_len = cfg.seq_len or model.config["seq_len"]
+    layout = layout_of(cfg, model, seq_len)
     plan = Plan(
         num_samples=cfg.num_samples,
-        seq_len=len(layout.ids) if layout is not None else cfg.seq_len or model.config["seq_len"],
+        seq_len=len(layout.ids) if layout is not None else seq_len,
         steps=choice.steps,
         seed=cfg.seed,
         batch_size=cfg.batch_size,

@@ -34,8 +34,7 @@ def generate(
     if plan.rounding == "nearest" and not hasattr(process, "embedding"):
         raise ValueError("rounding=nearest applies to gaussian (embedding) models only")
     guidance = plan.guidance
-    # w = 1 is the conditional model itself: nothing to guide, whatever the process
-    prompt_guided = guidance.targets(plan.prompted)[1] and guidance.scale != 1.0
+    prompt_guided = guidance.guides_prompt(plan.prompted)
     if prompt_guided and process.sequential:
         raise ValueError(
             "prompt guidance needs a process whose network sees the whole canvas (masked, "
@@ -51,7 +50,7 @@ def generate(
     samples, out, start = [], None, time.perf_counter()
     with eval_mode(network):  # callbacks call this mid-training: no dropout, no annealing
         for first, n in plan.batches():
-            x, denoiser = _conditioned(model, plan, first, n, generator, blanks)
+            x, denoiser = _conditioned(model, plan, first, n, device, generator, blanks)
             out = sampler(
                 denoiser, x, timesteps, process=process, generator=generator, callback=callback
             )
@@ -63,12 +62,11 @@ def generate(
 
 
 def _conditioned(
-    model: Model, plan: Plan, first: int, n: int, generator, blanks
+    model: Model, plan: Plan, first: int, n: int, device: torch.device, generator, blanks
 ) -> tuple[torch.Tensor, Callable]:
     """The starting state of samples ``first`` to ``first + n`` and the denoiser that guides
     them and holds the layout's fixed regions."""
     process, layout = model.process, plan.layout
-    device = next(model.network.parameters()).device
     x = process.prior((n, plan.seq_len), device, generator)
     fixed = where = blank = None
     if layout is not None:
