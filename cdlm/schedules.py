@@ -128,6 +128,11 @@ class MaskSchedule(nn.Module):
     def dkeep(self, t: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def time_of(self, keep: Tensor) -> Tensor:
+        """The time at which ``keep(t)`` equals ``keep`` (clamped to [0, 1]): the level of a
+        complementary mask (Fast-dLLM v2), which keeps what the first one masked."""
+        raise NotImplementedError
+
 
 class LogLinearMaskSchedule(MaskSchedule):
     """MDLM's log-linear schedule (Sahoo et al. 2024): keep(t) = 1 - (1 - eps) t, so the ELBO
@@ -143,6 +148,9 @@ class LogLinearMaskSchedule(MaskSchedule):
     def dkeep(self, t: Tensor) -> Tensor:
         return torch.full_like(t, -(1.0 - self.eps))
 
+    def time_of(self, keep: Tensor) -> Tensor:
+        return ((1.0 - keep) / (1.0 - self.eps)).clamp(0.0, 1.0)
+
 
 class CosineMaskSchedule(MaskSchedule):
     """Cosine masking schedule (MaskGIT, Chang et al. 2022; MD4, Shi et al. 2024):
@@ -157,3 +165,7 @@ class CosineMaskSchedule(MaskSchedule):
 
     def dkeep(self, t: Tensor) -> Tensor:
         return -(1.0 - self.eps) * 0.5 * math.pi * torch.sin(0.5 * math.pi * t)
+
+    def time_of(self, keep: Tensor) -> Tensor:
+        cos = ((keep - self.eps) / (1.0 - self.eps)).clamp(0.0, 1.0)
+        return torch.arccos(cos) * (2.0 / math.pi)

@@ -55,11 +55,22 @@ def test_vectorised_mask_is_bd3lm_s():
     assert clean[:, 4:].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
 
 
+LAYOUTS = {
+    "plain": {},
+    "shifted": {"shift": True},
+    "shifted_causal_clean": {"shift": True, "causal_clean": True},
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("size", [1, 4])
-def test_cached_logits_equal_the_one_pass_training_logits(size):
-    """A block's logits read against the KV cache of its clean past (written block by block),
-    recomputed without a cache, and from the vectorised x_t ⊕ x0 training pass all agree."""
-    process = block_process(size)
+def test_cached_logits_equal_the_one_pass_training_logits(size, layout):
+    """A block's logits read against the KV cache of its clean past (each step's call writes
+    the clean positions the cache lacks), recomputed without a cache, and from the vectorised
+    x_t ⊕ x0 training pass all agree, in every layout (the shifted ones read one to the left)."""
+    process = BlockProcess(
+        V, MASK, block_size=size, eos_id=EOS, schedule=LogLinearMaskSchedule(), **LAYOUTS[layout]
+    )
     net = network(process)
     den = process.make_denoiser(net)
     g = torch.Generator().manual_seed(0)
@@ -72,12 +83,13 @@ def test_cached_logits_equal_the_one_pass_training_logits(size):
         for a in range(0, 12, size):
             block = torch.arange(a, min(a + size, 12))
             canvas = torch.cat([clean[:, :a], noisy[:, a:]], 1)  # the past is clean
-            with cache.read_only():
-                cached = den(canvas, t, positions=block, cache=cache).logits
+            cached = den(canvas, t, positions=block, cache=cache).logits  # writes 0..a-1
+            assert cache.length == a
+            with cache.read_only():  # a later step of the same block writes nothing
+                again = den(canvas, t, positions=block, cache=cache).logits
             uncached = den(canvas, t, positions=block).logits
-            torch.testing.assert_close(cached, full[:, block], atol=1e-10, rtol=0)
-            torch.testing.assert_close(uncached, full[:, block], atol=1e-10, rtol=0)
-            den(clean, t, positions=block, cache=cache)  # write the finished block
+            for logits in (cached, again, uncached):
+                torch.testing.assert_close(logits, full[:, block], atol=1e-10, rtol=0)
 
 
 def test_block_size_one_bound_is_the_ar_nll():

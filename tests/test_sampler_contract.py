@@ -152,9 +152,9 @@ def calls_after_a_change(run: Run) -> int:
 
 
 def steps_and_cached_blocks(run: Run) -> int:
-    """Block diffusion with its KV cache: every denoising step, plus one pass writing each
-    finished block before the next (L = 8 is two blocks of 4; no row ends early here)."""
-    return len(run.seen) + L // 4 - 1
+    """Block diffusion with its KV cache: one call per denoising step; a block's first step
+    writes the finished block before it in the same call (L = 8 is two blocks of 4)."""
+    return len(run.seen)
 
 
 def tokens_generated(run: Run) -> int:
@@ -296,9 +296,10 @@ class Seeing:
     """A masked or block-diffusion denoiser certain of ``data`` (B, L) only where what it sees
     agrees with it, so that a wrong KV-cache read changes the samples.
 
-    Like a network, it sees the canvas at the positions it runs (uncached block diffusion: also
-    the clean past before them, recomputed) and the rest through the KV cache, into which each
-    call that writes puts, in every layer, each position it runs as key and its token as value.
+    Like a network, it sees the canvas at the positions it runs (block diffusion: also the clean
+    past before them that the cache lacks, all of it without a cache) and the rest through the
+    KV cache, into which each call that writes puts, in every layer, each position it runs as
+    key and its token as value (block diffusion keeps only the clean past).
     It predicts the true token at the positions asked for only if it sees each position its model
     must see exactly once (block diffusion: all up to the window's end, nothing after; a
     full-attention model: the whole canvas), everything before the window decided, and no token
@@ -317,14 +318,17 @@ class Seeing:
         self.calls += 1
         runs = torch.arange(z.shape[1]) if positions is None else positions
         seen_at = runs
-        if positions is not None and cache is None and self.causal:
-            seen_at = torch.cat([torch.arange(int(positions[0])), positions])
+        if positions is not None and self.causal:  # the clean past the cache lacks, run too
+            past = 0 if cache is None else cache.length
+            seen_at = torch.cat([torch.arange(past, int(positions[0])), positions])
         at, tokens = seen_at.expand(z.shape[0], -1), z[:, seen_at]
         if cache is not None:
             keys, values = at[:, None, :, None].to(F64), tokens[:, None, :, None].to(F64)
             for layer in cache:
                 k, v = layer.extend(keys, values, write=not cache.frozen)
             at, tokens = k[:, 0, :, 0].long(), v[:, 0, :, 0].long()
+            if self.causal and not cache.frozen:
+                cache.truncate(int(positions[0]))  # keeps the clean past, not the window
         must = torch.arange(int(runs.max()) + 1 if self.causal else z.shape[1])
         once = at.shape[1] == len(must) and bool((at.sort(-1).values == must).all())
         right = once and bool(

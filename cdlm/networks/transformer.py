@@ -249,8 +249,9 @@ class Transformer(nn.Module):
         attended to and, unless ``cache.frozen``, extended in place by this chunk of any length;
         label: (B,) class ids, -1 (or None) for none; positions: (L,) or (B, L) absolute
         positions for the rotary angles, default ``cache.length`` onward (0 without a cache);
-        attn_mask: (L, L) bool, True = visible, for an uncached call (e.g. block diffusion's
-        vectorised training mask); it replaces the causal/annealed mask. Returns (B, L, out_dim)."""
+        attn_mask: (L, T + L) bool, True = visible (T cached positions, 0 without a cache),
+        e.g. block diffusion's vectorised training mask, or a chunk that writes clean positions
+        and denoises a block in one call; it replaces the causal/annealed/cache mask. Returns (B, L, out_dim)."""
         length, past = x.shape[1], 0 if cache is None else cache.length
         rope = self._positions(x.shape[0], length, past, positions)
         if self.self_condition:
@@ -268,8 +269,11 @@ class Transformer(nn.Module):
             raise ValueError("this network was trained without labels (num_classes=0)")
         mask, is_causal = self._attention(length, cache, x.device)
         if attn_mask is not None:
-            if cache is not None:
-                raise ValueError("attn_mask is for uncached calls; a cache fixes its own mask")
+            if tuple(attn_mask.shape) != (length, past + length):
+                raise ValueError(
+                    f"attn_mask must be (L, T + L) = ({length}, {past + length}) for a chunk of "
+                    f"{length} after {past} cached positions, got {tuple(attn_mask.shape)}"
+                )
             mask, is_causal = attn_mask, False
         write = cache is not None and not cache.frozen
         for i, block in enumerate(self.blocks):

@@ -2,47 +2,86 @@
 ``block_size`` tokens, autoregressive over blocks.
 
 Each block is denoised given the clean blocks before it, so the bound is a sum of per-block
-masked-diffusion ELBOs; at block size 1 it is the AR NLL (a lone masked token is predicted from
-its clean past alone, and the ELBO weight integrates to one). Training runs in one pass over the
-noisy and the clean sequence together, x_t ⊕ x0 (length 2L, both at positions 0..L-1), under
-BD3-LM's vectorised mask: a noisy block sees itself and the clean blocks before it; a clean block
-sees the clean blocks up to itself. Sampling writes each finished block into the network's KV
-cache once, so a block costs its denoising steps over ``block_size`` positions plus one pass to
-cache it (``cdlm.samplers.blockwise``).
+masked-diffusion ELBOs. Training runs in one pass over the noisy and the clean stream together,
+x_t ⊕ x0 (length 2L, both at positions 0..L-1), under BD3-LM's vectorised mask: a noisy block
+sees itself and the clean blocks before it; a clean position sees the clean blocks up to its own
+(``causal_clean=False``) or the clean positions up to itself (``causal_clean=True``).
+
+With ``shift`` (the configs' default) the layout is a next-token predictor's, as in Fast-dLLM v2
+and SDAR: network position i reads token i - 1 (a BOS at 0) and predicts token i, and a noisy
+block's first input is the clean token before the block. At block size 1 the noisy stream then
+reads exactly what an AR model reads, under the same attention, so an AR checkpoint drops in
+with its logits unchanged (``tests/test_block_shift.py``) and larger blocks start from AR's
+quality. With ``causal_clean`` the clean stream *is* that AR model, and ``ar_weight`` keeps it
+one with a next-token loss: its cache is an AR cache, and its outputs verify a block's draft
+(``sampler=speculative``).
+
+Sampling (``cdlm.samplers.blockwise``): a window call denoises a block against the KV cache of
+the clean past and, in the same call, writes the clean positions the cache still lacks (the
+block finished before it, or a whole prompt), so a block at one step costs one call.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction
+from cdlm.processes.base import LossOutput, next_token_loss, valid_mask
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.time_samplers import stratified_times
 
 
-def vectorised_mask(length: int, block_size: int, device=None) -> Tensor:
+def clean_visibility(q: Tensor, k: Tensor, block_size: int, causal: bool) -> Tensor:
+    """Which clean keys (positions ``k``) clean queries (positions ``q``) see: up to their own
+    block, or (``causal``) up to themselves. (len(q), len(k)) bool."""
+    if causal:
+        return k[None, :] <= q[:, None]
+    return (k[None, :] // block_size) <= (q[:, None] // block_size)
+
+
+def vectorised_mask(length: int, block_size: int, causal_clean: bool = False, device=None):
     """(2L, 2L) bool, True = visible, over [x_t (L), x0 (L)] (BD3-LM Sec. 3.2)."""
-    block = torch.arange(length, device=device) // block_size
+    pos = torch.arange(length, device=device)
+    block = pos // block_size
     q, k = block[:, None], block[None, :]
     noisy_sees = torch.cat([q == k, k < q], dim=1)  # its own block; clean blocks before it
-    clean_sees = torch.cat([torch.zeros_like(q == k), k <= q], dim=1)  # clean blocks up to it
+    clean = clean_visibility(pos, pos, block_size, causal_clean)
+    clean_sees = torch.cat([torch.zeros_like(clean), clean], dim=1)
     return torch.cat([noisy_sees, clean_sees], dim=0)
 
 
-def prefix_mask(prefix: int, width: int, block_size: int, device=None) -> Tensor:
-    """(P + W, P + W) mask of an uncached window call: the clean prefix (P positions) block-
-    causal among itself, the window (one block, W positions) seeing the prefix and itself."""
-    block = torch.arange(prefix, device=device) // block_size
+def chunk_mask(
+    past: int, clean: Tensor, window: int, block_size: int, causal_clean: bool
+) -> Tensor:
+    """(C + W, past + C + W) mask of a call after ``past`` cached clean positions: the clean
+    positions ``clean`` (C, written by the call) see the cache and the clean chunk by
+    ``clean_visibility``, never the window; the window (W positions, one block) sees all."""
+    c, device = len(clean), clean.device
     top = torch.cat(
         [
-            block[None, :] <= block[:, None],
-            torch.zeros(prefix, width, dtype=torch.bool, device=device),
+            torch.ones(c, past, dtype=torch.bool, device=device),
+            clean_visibility(clean, clean, block_size, causal_clean),
+            torch.zeros(c, window, dtype=torch.bool, device=device),
         ],
         dim=1,
     )
-    bottom = torch.ones(width, prefix + width, dtype=torch.bool, device=device)
+    bottom = torch.ones(window, past + c + window, dtype=torch.bool, device=device)
     return torch.cat([top, bottom], dim=0)
+
+
+@dataclass
+class Chunk:
+    """The raw network outputs of a window call: ``clean`` (B, C, V) at the clean positions it
+    wrote (``clean_positions``; with a causal clean stream, next-token logits) and ``window``
+    (B, W, V) at the block's positions."""
+
+    clean: Tensor
+    window: Tensor
+    clean_positions: Tensor
 
 
 class BlockDenoiser(MaskedDenoiser):
@@ -51,12 +90,20 @@ class BlockDenoiser(MaskedDenoiser):
     A whole-canvas call predicts every block from the clean stream ``clean`` (default: the
     canvas itself, i.e. each block given the canvas's blocks before it). A window call
     (``positions``: one block [a, b)) predicts that block given the canvas's first a tokens as
-    the clean past, read from ``cache`` (the network's KV cache holding exactly them) or, with
-    no cache, recomputed in the same call."""
+    the clean past: with ``cache`` (a KV cache holding the clean past's first ``cache.length``
+    positions) it writes the clean positions from there up to a and denoises the block in one
+    call; with no cache it recomputes the clean past in the same call."""
 
-    def __init__(self, network: nn.Module, mask_id: int, block_size: int) -> None:
-        super().__init__(network, mask_id)
-        self.block_size = block_size
+    def __init__(
+        self,
+        network: nn.Module,
+        mask_id: int,
+        block_size: int,
+        shift_from: int | None = None,
+        causal_clean: bool = False,
+    ) -> None:
+        super().__init__(network, mask_id, shift_from)
+        self.block_size, self.causal_clean = block_size, causal_clean
 
     def __call__(
         self,
@@ -70,33 +117,73 @@ class BlockDenoiser(MaskedDenoiser):
         cache=None,
         **kwargs,
     ) -> Prediction:
-        if positions is not None and cache is not None:
-            return super().__call__(z, t, positions=positions, cache=cache, **kwargs)
-        length = z.shape[1]
         if positions is None:
-            clean = z if clean is None else clean
-            inputs = torch.cat([z, clean], dim=1)
-            at = torch.arange(length, device=z.device).repeat(2)
-            mask = vectorised_mask(length, self.block_size, z.device)
-            window = slice(0, length)
-        else:
-            start, width = int(positions[0]), len(positions)
-            inputs = torch.cat([z[:, :start], z[:, positions]], dim=1)
-            at = torch.cat([torch.arange(start, device=z.device), positions])
-            mask = prefix_mask(start, width, self.block_size, z.device)
-            window = slice(start, start + width)
-        zeros = torch.zeros(z.shape[0], device=z.device)
-        out = self.network(inputs, zeros, positions=at, attn_mask=mask, **kwargs)[:, window]
-        seen = z if positions is None else z[:, positions]
-        return self.parameterize(out, seen, subs)
+            out, _ = self.streams(z, z if clean is None else clean, **kwargs)
+            return self.parameterize(out, z, subs)
+        chunk = self.chunk(z, positions, cache, **kwargs)
+        return self.parameterize(chunk.window, z[:, positions], subs)
+
+    def streams(self, z: Tensor, clean: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+        """Raw outputs (B, L, V) of the noisy and the clean stream under the vectorised mask.
+        Shifted, a noisy block's first input is the clean token before it."""
+        length, device = z.shape[1], z.device
+        pos = torch.arange(length, device=device)
+        noisy_in = self.window_inputs(z, pos)
+        if self.shift_from is not None:
+            starts = (pos % self.block_size == 0) & (pos > 0)
+            noisy_in = torch.where(starts[None], self.window_inputs(clean, pos), noisy_in)
+        inputs = torch.cat([noisy_in, self.window_inputs(clean, pos)], dim=1)
+        mask = vectorised_mask(length, self.block_size, self.causal_clean, device)
+        zeros = torch.zeros(z.shape[0], device=device)
+        out = self.network(inputs, zeros, positions=pos.repeat(2), attn_mask=mask, **kwargs)
+        return out[:, :length], out[:, length:]
+
+    def chunk(self, z: Tensor, positions: Tensor, cache=None, **kwargs) -> Chunk:
+        """One window call on canvas ``z`` for the block at ``positions`` (contiguous, from a):
+        the clean positions not yet in ``cache`` (all of 0..a-1 without one) are computed from z
+        in the same call and, with a cache, kept in it; the window's entries are not kept."""
+        start, device = int(positions[0]), z.device
+        past = 0 if cache is None else cache.length
+        if past > start:
+            raise ValueError(f"the cache holds {past} positions, past the block's start {start}")
+        clean = torch.arange(past, start, device=device)
+        inputs = torch.cat([self.window_inputs(z, clean), self.window_inputs(z, positions)], 1)
+        mask = chunk_mask(past, clean, len(positions), self.block_size, self.causal_clean)
+        zeros = torch.zeros(z.shape[0], device=device)
+        at = torch.cat([clean, positions])
+        out = self.network(inputs, zeros, positions=at, attn_mask=mask, cache=cache, **kwargs)
+        if cache is not None and not cache.frozen:
+            cache.truncate(start)  # the clean past is kept; the window changes every step
+        return Chunk(out[:, : len(clean)], out[:, len(clean) :], clean)
+
+    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
+        """The clean stream alone under causal attention: next-token logits (B, L, V), row i
+        predicting tokens[:, i] (shifted layout only)."""
+        length, device = tokens.shape[1], tokens.device
+        pos = torch.arange(length, device=device)
+        mask = clean_visibility(pos, pos, self.block_size, causal=True)
+        zeros = torch.zeros(tokens.shape[0], device=device)
+        inputs = self.window_inputs(tokens, pos)
+        return self.network(inputs, zeros, positions=pos, attn_mask=mask, **kwargs)
 
 
 class BlockProcess(MaskedProcess):
     """Masked diffusion within blocks of ``block_size``, autoregressive over blocks.
 
-    Args (beside ``MaskedProcess``'s; ``shift`` is not used: blocks see their own clean past):
+    Args (beside ``MaskedProcess``'s):
         block_size: tokens per block (1: an AR model; the sequence length: masked diffusion
             with a clean-stream input).
+        shift: the next-token layout (see the module docstring); an AR checkpoint loads
+            unchanged (``init_from=``) and block size 1 is that AR model. Needs ``eos_id``.
+        causal_clean: the clean stream under causal attention (an AR model whose cache is the
+            sampler's), instead of attention up to each position's own block.
+        ar_weight: weight of the clean stream's next-token loss beside the block ELBO (a
+            joint objective that keeps the causal pass a good AR model, the verifier of
+            ``sampler=speculative``); needs ``shift`` and ``causal_clean``. Logged as
+            ``ar_bits_per_token``; the logged bound is the block ELBO alone.
+        complementary: in training, every sequence is also scored under the complement of its
+            mask (Fast-dLLM v2), at the level whose keep rate is the first mask's rate, so every
+            token is a target once per step.
         clip: (low, high) training mask rates (BD3-LM's clipped, "data-driven" schedule for
             lower-variance gradients): training t is drawn in [low, high] instead of
             [t_min, 1]; evaluation always integrates the full range, so the bound stays one.
@@ -104,7 +191,6 @@ class BlockProcess(MaskedProcess):
 
     kind = "block"
     default_sampler = "block"
-    next_token_layout = False
 
     def __init__(
         self,
@@ -116,19 +202,77 @@ class BlockProcess(MaskedProcess):
         t_min: float = 1e-3,
         time_sampler=None,
         clip: tuple[float, float] | None = None,
+        shift: bool = False,
+        causal_clean: bool = False,
+        ar_weight: float = 0.0,
+        complementary: bool = False,
     ) -> None:
-        super().__init__(vocab_size, mask_id, eos_id, schedule, t_min, time_sampler, shift=False)
+        super().__init__(vocab_size, mask_id, eos_id, schedule, t_min, time_sampler, shift)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if clip is not None and not 0.0 <= clip[0] < clip[1] <= 1.0:
             raise ValueError(f"clip must be (low, high) with 0 <= low < high <= 1, got {clip}")
+        if not ar_weight >= 0.0:
+            raise ValueError(f"process.ar_weight must be >= 0, got {ar_weight}")
+        if ar_weight > 0 and not (shift and causal_clean):
+            raise ValueError(
+                "process.ar_weight > 0 trains the clean stream as a next-token predictor: it "
+                "needs process.shift=true and process.causal_clean=true"
+            )
         self.block_size, self.clip = block_size, None if clip is None else tuple(clip)
+        self.causal_clean, self.ar_weight = causal_clean, float(ar_weight)
+        self.complementary = complementary
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the clean stream is a causal next-token model that can verify drafts."""
+        return self.shift and self.causal_clean
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return BlockDenoiser(network, self.mask_id, self.block_size)
+        bos = self.eos_id if self.shift else None
+        return BlockDenoiser(network, self.mask_id, self.block_size, bos, self.causal_clean)
 
     def predict(self, denoiser: Denoiser, c) -> Prediction:
         return denoiser(c.x_t, c.t, clean=c.tokens)
+
+    def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
+        """The block ELBO integrand in nats per valid token (the bound, in evaluation), plus in
+        training ``ar_weight`` times the clean stream's next-token NLL; an AR phase trains that
+        next-token NLL alone."""
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        if self.training and self.ar_phase:
+            if not self.shift:
+                raise ValueError("an AR phase needs process.shift=true (next-token layout)")
+            return next_token_loss(denoiser.next_token_logits(tokens), tokens, valid)
+        t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
+        c = self.corrupt(tokens, t, generator)
+        if self.training and self.complementary:
+            c = self.with_complement(c)
+            tokens, valid = c.tokens, valid.repeat(2, 1)
+        noisy, clean = denoiser.streams(c.x_t, c.tokens)
+        logp = denoiser.parameterize(noisy, c.x_t).logits
+        integrand, _ = self.elbo_terms(logp, c, valid)
+        nats = integrand.sum() / valid.sum().clamp_min(1)
+        metrics = {"bits_per_token": nats.detach() / math.log(2)}
+        if not self.verifies:
+            return LossOutput(nats, metrics)
+        ar = next_token_loss(clean, tokens, valid)
+        metrics.update(ar.metrics)
+        total = nats + self.ar_weight * ar.loss if self.training else nats
+        return LossOutput(total, metrics)
+
+    def with_complement(self, c):
+        """The corruption ``c`` and, stacked below it, its complement: the masked positions
+        visible and the visible ones masked, at the level ``schedule.time_of(1 - keep(t))``."""
+        t_other = self.schedule.time_of(1.0 - self.schedule.keep(c.t)).clamp(self.t_min, 1.0)
+        x_other = torch.where(c.noisy, c.tokens, self.mask_id)
+        return type(c)(
+            tokens=c.tokens.repeat(2, 1),
+            x0=c.x0.repeat(2, 1),
+            x_t=torch.cat([c.x_t, x_other]),
+            t=torch.cat([c.t, t_other]),
+            noisy=torch.cat([c.noisy, ~c.noisy]),
+        )
 
     def sample_t(self, n, generator=None, *, device=None, length=None) -> Tensor:
         """One level per block, (n, length): each block's ELBO term is estimated separately.

@@ -190,9 +190,13 @@ class MaskedProcess(TokenProcess):
     def elbo(self, denoiser: Denoiser, c: Corrupted, valid: Tensor) -> tuple[Tensor, Tensor]:
         """(ELBO integrand summed over valid positions (B,), mean CE per masked token (B,)),
         both in nats."""
-        nll = F.cross_entropy(
-            self.predict(denoiser, c).logits.flatten(0, 1), c.tokens.flatten(), reduction="none"
-        ).view_as(c.tokens)
+        return self.elbo_terms(self.predict(denoiser, c).logits, c, valid)
+
+    def elbo_terms(self, logp: Tensor, c: Corrupted, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """``elbo`` from the prediction's log-probabilities ``logp`` (B, L, V)."""
+        nll = F.cross_entropy(logp.flatten(0, 1), c.tokens.flatten(), reduction="none").view_as(
+            c.tokens
+        )
         scored = c.noisy & valid
         weight = self.weight(c.t)
         weight = weight[:, None] if weight.dim() == 1 else weight  # per sequence or per token

@@ -3,9 +3,10 @@ change, attending to cached keys and values of the rest. The cache is an object 
 ``_target_`` (``conf/cache/``: ``cache=prefix|dual|none``); None runs without one.
 
 * Block diffusion (``process=block``, BD3-LM, Arriola et al. 2025): with ``PrefixCache`` the
-  finished blocks are written into the cache once, exactly (they are clean and a block sees only
-  its past); each denoising step runs the current block alone. None recomputes the clean past
-  in every call.
+  clean past is cached exactly (a block sees only its past). Each denoising step runs the
+  current block alone, and a block's first step also writes the clean positions the cache
+  lacks (the block finished before it, or the whole prompt) in the same call, so a block at one
+  step per block costs one call. None recomputes the clean past in every call.
 * A full-attention masked model (Fast-dLLM, Wu et al. 2025): an approximation, rewritten at the
   start of each block (and every ``refresh`` steps): ``PrefixCache`` caches the decided prefix
   and recomputes block + suffix each step; ``DualCache`` also caches the still-masked suffix
@@ -63,6 +64,14 @@ class Calls:
         (a..b-1) and those whose inputs are its tokens (one to the right when shifted). The
         first b - a predict the block."""
         return self.span(a, b + self.shift)
+
+    def block(self, x: Tensor, a: int, b: int, t: float) -> Tensor:
+        """Block diffusion's log-probabilities (B, b - a, V) for the block [a, b) against its
+        exact clean past; with a cache the same call writes the clean positions it lacks."""
+        tt = torch.full((x.shape[0],), t, device=self.device)
+        self.nfe += 1
+        self.positions += b - (0 if self.kv is None else self.kv.length)
+        return self.denoiser(x, tt, positions=self.span(a, b), cache=self.kv).logits
 
     def __call__(self, x: Tensor, at: Tensor, t: float, write: bool = False) -> Tensor:
         """Log-probabilities (B, len(at), V) at positions ``at`` of canvas ``x`` (B, L); a
@@ -177,18 +186,14 @@ def cached_loop(
     calls = Calls(denoiser, kv, length, device)
     blocks = blocks_of(length, block_length)
     grid = block_grid(timesteps, len(blocks), steps_per_block)
-    i, pred, cached_upto = 0, None, 0
+    i, pred = 0, None
     for a, b in blocks:
-        if exact and kv is not None:
-            for c in range(cached_upto, a, block_length):  # finished blocks, written once each
-                calls(x, calls.span(c, min(c + block_length, a)), 0.0, write=True)
-            cached_upto = a
         for j in range(len(grid) - 1):
             if not (x[:, a:b] == mask_id).any():
                 break  # the block is decided: no call is needed for the steps left
             t, s = float(grid[j]), float(grid[j + 1])
             if exact:  # the block alone, against its exact past (cached or recomputed)
-                logp = calls(x, calls.span(a, b), t)
+                logp = calls.block(x, a, b, t)
             else:
                 logp = cache.block_logits(calls, x, a, b, j, t)
             iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
