@@ -20,7 +20,7 @@ def shifted(size: int, **options) -> BlockProcess:
 def networks(block: BlockProcess) -> tuple[Transformer, Transformer]:
     """An AR network (causal) and the block network with the very same weights, as
     ``init_from=`` an AR checkpoint gives it (float64, perturbed off the identity init)."""
-    ar_process = AutoregressiveProcess(V, EOS)
+    ar_process = AutoregressiveProcess(block.vocab_size, EOS)
     torch.manual_seed(0)
     ar = Transformer(
         d_model=16, n_layers=2, n_heads=2, max_seq_len=L + 2, **ar_process.network_kwargs

@@ -138,11 +138,15 @@ class BlockDenoiser(MaskedDenoiser):
         out = self.network(inputs, zeros, positions=pos.repeat(2), attn_mask=mask, **kwargs)
         return out[:, :length], out[:, length:]
 
-    def chunk(self, z: Tensor, positions: Tensor, cache=None, **kwargs) -> Chunk:
-        """One window call on canvas ``z`` for the block at ``positions`` (contiguous, from a):
-        the clean positions not yet in ``cache`` (all of 0..a-1 without one) are computed from z
+    def chunk(
+        self, z: Tensor, positions: Tensor, cache=None, start: int | None = None, **kwargs
+    ) -> Chunk:
+        """One window call on canvas ``z`` for the block at ``positions`` (contiguous, from
+        ``start``, by default its first; empty: a call that only writes): the clean positions
+        not yet in ``cache`` up to ``start`` (all of 0..start-1 without one) are computed from z
         in the same call and, with a cache, kept in it; the window's entries are not kept."""
-        start, device = int(positions[0]), z.device
+        start = int(positions[0]) if start is None else start
+        device = z.device
         past = 0 if cache is None else cache.length
         if past > start:
             raise ValueError(f"the cache holds {past} positions, past the block's start {start}")

@@ -11,7 +11,7 @@ with the list of samplers that do fit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -34,13 +34,15 @@ class StepInfo:
 class SampleOutput:
     """x: final state; tokens: (B, L) the sampled token ids; prediction: the last denoiser output
     (None if the network was never called); nfe: network evaluations per sequence; positions:
-    sequence positions the network processed per sequence (a KV-cached step processes one)."""
+    sequence positions the network processed per sequence (a KV-cached step processes one);
+    stats: figures only one sampler has (speculative decoding's accepted lengths)."""
 
     x: Tensor
     tokens: Tensor
     prediction: Prediction | None
     nfe: int
     positions: int | None = None  # positions the network processed per sequence; None: nfe * L
+    stats: dict[str, float] = field(default_factory=dict)  # a sampler's own figures
 
 
 Callback = Callable[[StepInfo], None]

@@ -1,0 +1,163 @@
+"""Lossless self-speculative decoding of a shifted block model (``sampler=speculative``).
+
+A block model with a causal clean stream (``process.shift`` and ``process.causal_clean``, the
+configs' default) is two models in one network: the noisy stream drafts a whole block in one
+call, and the clean stream is an AR model whose outputs at the drafted positions are its
+next-token distributions given the tokens before them. So one call verifies the last draft (its
+clean chunk holds the draft as if accepted) and drafts the next block behind it (its window).
+
+Acceptance is the speculative-sampling rule (Leviathan et al. 2023; Chen et al. 2023): draft
+token d with draft probability p(d) is kept with probability min(1, q(d) / p(d)), q being the AR
+distribution; at the first rejection a token is drawn from norm(max(0, q - p)). Every committed
+token then follows q exactly, so the samples are the causal pass's AR samples; at temperature 0
+it keeps the longest prefix agreeing with q's argmax and returns AR's greedy tokens exactly.
+Rows share positions: each call commits the tokens every row accepted, plus one (a row that
+accepted further keeps its draft token there, which is still an exact draw). A full acceptance
+leaves the next draft valid (one call per block); a rejection costs one more call to redraft.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from cdlm.denoiser import Prediction
+from cdlm.processes.block import BlockDenoiser
+from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
+from cdlm.samplers.masked_steps import ended_at_eos
+
+
+def probabilities(logp: Tensor, temperature: float) -> Tensor:
+    """softmax(logp / T) in float64, (..., V); T = 0 is the argmax's point mass."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logp.argmax(-1), logp.shape[-1]).double()
+    return (logp.double() / temperature).softmax(-1)
+
+
+def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One id per row of float64 probabilities (..., V) (not normalised), by inverse CDF."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(cdf.shape[:-1], dtype=torch.float64, device=probs.device, generator=generator)
+    return (
+        torch.searchsorted(cdf, (u * cdf[..., -1])[..., None])
+        .squeeze(-1)
+        .clamp(max=probs.shape[-1] - 1)
+    )
+
+
+def accept(
+    draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """(accepted (B, n) bool, residual draws (B, n)): each draft token kept with probability
+    min(1, q/p), and the token that replaces it if not, from norm(max(0, q - p))."""
+    pd, qd = p.gather(-1, draft[..., None])[..., 0], q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand(draft.shape, dtype=torch.float64, device=draft.device, generator=generator)
+    kept = u * pd < qd
+    residual = (q - p).clamp_min(0.0)
+    empty = residual.sum(-1, keepdim=True) <= 0  # p == q: a rejection cannot happen there
+    return kept, draw(torch.where(empty, q, residual), generator)
+
+
+def propose(logp: Tensor, temperature: float, generator) -> tuple[Tensor, Tensor]:
+    """(draft (B, n), its probabilities (B, n, V) in float64) from a window's log-probs."""
+    probs = probabilities(logp, temperature)
+    if temperature == 0:
+        return probs.argmax(-1), probs
+    return sample_categorical(probs.log(), generator, 1.0), probs
+
+
+def leading(kept: Tensor) -> Tensor:
+    """(B,) the number of leading True per row of (B, n)."""
+    return kept.long().cumprod(-1).sum(-1)
+
+
+def prompt_length(x: Tensor, mask_id: int) -> int:
+    """The fixed prefix every row shares; refuses fixed tokens after the first [MASK]."""
+    open_ = x == mask_id
+    first = int(open_.any(0).long().argmax()) if bool(open_.any()) else x.shape[1]
+    if not bool(open_[:, first:].all()):
+        raise ValueError(
+            "sampler=speculative continues a prompt left to right; it cannot keep fixed "
+            "tokens after the first gap (infill or edit with sampler=block)"
+        )
+    return first
+
+
+@register("speculative", processes=("block",))
+@torch.no_grad()
+def sample_speculative(
+    denoiser: BlockDenoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 1.0,
+    stop_at_eos: bool = True,
+) -> SampleOutput:
+    """Self-speculative decoding (module docstring) of the canvas x (B, L) after its prompt, in
+    drafts of the process's block size; ``timesteps`` is ignored (a draft is one call).
+    ``temperature`` applies to both the draft and the AR distribution (0: greedy). With
+    ``stop_at_eos`` it stops once every row has produced EOS. ``stats``: ``accepted_per_call``
+    (tokens committed per network call), ``accepted_per_draft`` (draft tokens kept per verified
+    draft, before the one drawn at a rejection) and the number of ``drafts``."""
+    if not isinstance(denoiser, BlockDenoiser) or not process.verifies:
+        raise ValueError(
+            "sampler=speculative verifies drafts with the block model's own causal clean stream "
+            "in the same call: it needs process.shift=true and process.causal_clean=true, and "
+            "takes no guidance or label (use sampler=block for those)"
+        )
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    x, length, k = x.clone(), x.shape[1], process.block_size
+    kv, mask_id = denoiser.network.new_cache(), process.mask_id
+    p = start = prompt_length(x, mask_id)
+    nfe = positions = drafts = kept = 0
+    draft = draft_p = None
+
+    def call(canvas: Tensor, a: int, b: int):
+        """One network call: the clean positions the cache lacks up to a written (a draft
+        there is verified by them), the window [a, b) drafted behind them."""
+        nonlocal nfe, positions
+        nfe, positions = nfe + 1, positions + (b - kv.length)
+        return denoiser.chunk(canvas, torch.arange(a, b, device=x.device), kv, start=a)
+
+    while p < length:
+        n = min(k, length - p)
+        if draft is None:  # after the prompt or a rejection: a draft-only call
+            chunk = call(x, p, p + n)
+            draft, draft_p = propose(
+                denoiser.parameterize(chunk.window, x[:, p : p + n]).logits, temperature, generator
+            )
+        tentative = x.clone()
+        tentative[:, p : p + n] = draft
+        n_next = min(k, length - p - n)
+        chunk = call(tentative, p + n, p + n + n_next)  # verifies the draft, drafts the next
+        q_logp = denoiser.parameterize(chunk.clean[:, -n:], draft, subs=False).logits
+        kept_here, residual = accept(draft, draft_p, probabilities(q_logp, temperature), generator)
+        per_row = leading(kept_here)
+        m, before = int(per_row.min()), p
+        drafts, kept = drafts + 1, kept + m
+        if m == n:  # every row kept it all: the window behind it is the next draft
+            x[:, p : p + n], p, draft = draft, p + n, None
+            if n_next:
+                window = denoiser.parameterize(chunk.window, tentative[:, p : p + n_next])
+                draft, draft_p = propose(window.logits, temperature, generator)
+        else:  # up to the first rejection, and one more: a residual draw or a kept token
+            x[:, p : p + m] = draft[:, :m]
+            x[:, p + m] = torch.where(per_row > m, draft[:, m], residual[:, m])
+            p, draft = p + m + 1, None
+            kv.truncate(p)  # the clean positions whose input was a dropped draft token
+        if callback is not None:
+            t, s = 1.0 - before / length, 1.0 - p / length
+            callback(StepInfo(i=drafts - 1, t=t, s=s, x=x.clone(), prediction=Prediction(q_logp)))
+        if stop_at_eos and (ended := ended_at_eos(x, p, process.eos_id, mask_id)) is not None:
+            x = ended
+            break
+    stats = {
+        "accepted_per_call": (p - start) / max(nfe, 1),
+        "accepted_per_draft": kept / max(drafts, 1),
+        "drafts": float(drafts),
+    }
+    return SampleOutput(x=x, tokens=x, prediction=None, nfe=nfe, positions=positions, stats=stats)
