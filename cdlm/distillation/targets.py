@@ -7,18 +7,21 @@ the forward process, so that the closed-form tests and the training modules shar
   EMA-student output the student's output at t_{n+1} must equal (Song et al. 2023, Alg. 2).
 * ``sdtt_target``: per masked position, the log-probabilities the teacher used when it revealed
   that position during two ancestral steps (or its last ones, if still masked): what the student
-  must predict in one step (Deschenaux & Gulcehre 2024, "Self-Distillation Through Time").
+  must predict in one step (Deschenaux & Gulcehre 2024, "Self-Distillation Through Time"); on a
+  block-diffusion teacher the steps run within every block at once, each given its clean past.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from cdlm.denoiser import Denoiser, per_position
+from cdlm.processes.base import Corrupted
 from cdlm.samplers.gaussian import step_ddim
 from cdlm.samplers.masked import Interval, step_ancestral
 
@@ -60,26 +63,34 @@ def consistency_pair(
 def sdtt_target(
     teacher: Denoiser,
     process,
-    z: Tensor,
+    c: Corrupted,
     t: float,
     dt: float,
     steps: int = 2,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """(B, L, V) teacher log-probabilities for the masked positions of ``z`` (B, L): the teacher
-    takes ``steps`` MDLM ancestral steps of size ``dt`` from t (``step_ancestral``, float64
-    draws); a position revealed at a step gets that step's log-probabilities, one still masked
-    gets the last step's. Unmasked positions are left at 0 (the student is not scored there)."""
+    """(B, L, V) teacher log-probabilities for the masked positions of ``c.x_t`` (B, L), every
+    row at the one level t: the teacher takes ``steps`` MDLM ancestral steps of size ``dt`` from
+    t (``step_ancestral``, float64 draws); a position revealed at a step gets that step's
+    log-probabilities, one still masked gets the last step's. Unmasked positions are left at 0
+    (the student is not scored there).
+
+    Each call goes through ``process.predict`` on the corruption advanced to the current canvas,
+    so the process supplies what else its denoiser reads: nothing for masked diffusion; for
+    block diffusion the clean stream ``c.tokens``, so that every block takes its two steps
+    given the true clean blocks before it (the within-block two-step distribution), not the
+    noisy canvas."""
     keep = process.schedule.keep
+    z = c.x_t
     target = torch.zeros((*z.shape, process.vocab_size), device=z.device)
     decided = torch.zeros_like(z, dtype=torch.bool)
     x, logp = z, None
     for k in range(steps):
         t_k, s_k = max(t - k * dt, 0.0), max(t - (k + 1) * dt, 0.0)
         tt = torch.full((z.shape[0],), t_k, device=z.device)
-        logp = teacher(x, tt).logits
-        iv = Interval.between(keep, t_k, s_k, steps - k)
         open_ = x == process.mask_id
+        logp = process.predict(teacher, replace(c, x_t=x, t=tt, noisy=open_)).logits
+        iv = Interval.between(keep, t_k, s_k, steps - k)
         new = step_ancestral(x, logp, open_, iv, generator)
         revealed = open_ & (new != process.mask_id)
         target = torch.where(revealed[..., None], logp, target)

@@ -82,8 +82,10 @@ def choose(process, config: dict, steps: int | None, sampler: Callable | None) -
         steps = record["steps"]
         used.append(f"steps={steps}")
     if sampler is None:
-        sampler = named_sampler(record["sampler"])
+        options = record.get("sampler_options", {})  # e.g. a block student's steps per block
+        sampler = named_sampler(record["sampler"], **options)
         used.append(f"sampler={record['sampler']}")
+        used += [f"sampler.{k}={v}" for k, v in options.items()]
     note = None
     if used:
         note = (
