@@ -445,3 +445,14 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
     assert runs["cache=none"][1] > runs[""][1]
     bad = run_main("cdlm-sample", f"ckpt={run / 'model.safetensors'}", "cache=dual", cwd=tmp_path)
     assert bad.returncode == 2 and "no suffix to cache" in bad.stderr
+    for temperature in ("0", "1"):  # the shifted, causal-clean default verifies its drafts
+        out = run_main(
+            "cdlm-sample",
+            f"ckpt={run / 'model.safetensors'}",
+            "sampler=speculative",
+            f"sampler.temperature={temperature}",
+            "num_samples=2",
+            cwd=tmp_path,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "sampler=speculative" in out.stdout and "accepted_per_call=" in out.stdout

@@ -152,6 +152,7 @@ def sample(cfg: DictConfig) -> None:
         print(
             f"cdlm-sample: {len(gen.samples)} samples, sampler={choice.name}, steps={plan.steps}, "
             f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
+            + "".join(f", {key}={value:.3g}" for key, value in gen.stats.items())
         )
         if cfg.canvas is not None:
             path = canvas_path(Path(str(cfg.canvas)), drawn.scale, len(scales(cfg)))

@@ -47,7 +47,7 @@ def generate(
     timesteps = make_grid(plan.grid, plan.steps, getattr(process, "schedule", None), device, warp)
     timesteps = timesteps * plan.strength
     passes = guidance.passes(plan.prompted)
-    samples, out, start = [], None, time.perf_counter()
+    samples, out, start, stats = [], None, time.perf_counter(), []
     with eval_mode(network):  # callbacks call this mid-training: no dropout, no annealing
         for first, n in plan.batches():
             x, denoiser = _conditioned(model, plan, first, n, device, generator, blanks)
@@ -57,8 +57,11 @@ def generate(
             samples += [
                 decode(model.tokenizer, row, plan.cut_at_eos) for row in _ids(model, plan, out)
             ]
+            stats.append(out.stats)
     positions = out.positions if out.positions is not None else out.nfe * plan.seq_len
-    return Generation(samples, out.nfe * passes, positions * passes, time.perf_counter() - start)
+    mean = {key: sum(s[key] for s in stats) / len(stats) for key in out.stats}
+    wall = time.perf_counter() - start
+    return Generation(samples, out.nfe * passes, positions * passes, wall, mean)
 
 
 def _conditioned(

@@ -78,12 +78,14 @@ class Sample:
 @dataclass
 class Generation:
     """samples; nfe: network evaluations per sequence; positions: sequence positions the network
-    processed per sequence; wall_seconds: sampling time, all batches."""
+    processed per sequence; wall_seconds: sampling time, all batches; stats: a sampler's own
+    figures (speculative decoding's accepted lengths), averaged over batches."""
 
     samples: list[Sample]
     nfe: int
     positions: int
     wall_seconds: float
+    stats: dict[str, float] = field(default_factory=dict)  # the sampler's own, batch mean
 
 
 def decode(tokenizer, ids: list[int], cut_at_eos: bool = True) -> Sample:

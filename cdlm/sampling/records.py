@@ -47,6 +47,7 @@ def records(
                 "nfe": gen.nfe,
                 "positions": gen.positions,
                 "wall_seconds": round(gen.wall_seconds, 4),
+                **({"stats": gen.stats} if gen.stats else {}),
                 "seed": facts.seed,
             }
         )
