@@ -175,3 +175,18 @@ def test_averaged_copy_is_a_frozen_warmed_up_ema():
     fixed = ema_fn(0.9, warmup=False)  # the plain EMA of EMAWeightAveraging
     late = fixed(torch.tensor(0.0), torch.tensor(1.0), torch.tensor(1))
     assert abs(late.item() - 0.1) < 1e-6
+
+
+def test_precision_auto_picks_bf16_only_where_the_hardware_has_it():
+    """A CPU without bf16 matmuls emulates them ~300x slower than fp32: auto must not pick it."""
+    import torch
+
+    from cdlm.run.build import precision_for, resolve_precision
+
+    assert precision_for(cuda=False, bf16=False) == "32-true"
+    assert precision_for(cuda=False, bf16=True) == "bf16-mixed"
+    assert precision_for(cuda=True, bf16=False) == "16-mixed"
+    assert precision_for(cuda=True, bf16=True) == "bf16-mixed"
+    assert resolve_precision("16-mixed") == "16-mixed"  # an explicit choice is kept
+    cpu_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert resolve_precision("auto", "cpu") == ("bf16-mixed" if cpu_bf16 else "32-true")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
@@ -118,8 +119,29 @@ def setup(cfg: DictConfig) -> TrainingRun:
     )
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     logger = build_logger(cfg, parts.process)
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    precision = resolve_precision(cfg.trainer.get("precision"), cfg.trainer.get("accelerator"))
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, precision=precision)
     return TrainingRun(trainer, module, parts.data)
+
+
+def resolve_precision(precision: Any, accelerator: Any = "auto") -> Any:
+    """``trainer.precision=auto``: bf16 mixed precision where the hardware has bf16 matmuls (a
+    CUDA device that supports it, or a CPU with AVX512-BF16/AMX), else full fp32. On a CPU
+    without them bf16 is emulated, about 300x slower than fp32 (0.19 against 67 GFLOP/s
+    measured on an AVX2 EPYC), so a fixed bf16 default would stall training there."""
+    if precision != "auto":
+        return precision
+    cuda = accelerator != "cpu" and torch.cuda.is_available()
+    bf16 = torch.cuda.is_bf16_supported() if cuda else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return precision_for(cuda, bf16)
+
+
+def precision_for(cuda: bool, bf16: bool) -> str:
+    """The automatic choice: bf16 mixed where bf16 matmuls exist; else fp16 mixed on CUDA
+    (tensor cores) and full fp32 on a CPU."""
+    if bf16:
+        return "bf16-mixed"
+    return "16-mixed" if cuda else "32-true"
 
 
 def build_logger(cfg: DictConfig, process: Any) -> Logger | bool:
