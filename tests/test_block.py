@@ -456,3 +456,32 @@ def test_block_process_trains_from_the_cli_and_samples(tmp_path, tiny_corpus):
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert "sampler=speculative" in out.stdout and "accepted_per_call=" in out.stdout
+
+
+def test_the_block_quickstart_recipe_trains_an_ar_phase_then_blocks(tmp_path, tiny_corpus):
+    """experiment=block_quickstart: the first half of the steps train the causal clean stream as
+    an AR model (only ar_bits_per_token is logged), the rest the block ELBO with complementary
+    masks beside it (bits_per_token too)."""
+    import csv
+
+    from conftest import TINY_TRAIN, run_main
+
+    run = tmp_path / "run"
+    overrides = [o for o in TINY_TRAIN if not o.startswith("trainer.max_steps")]
+    result = run_main(
+        "cdlm-train",
+        "experiment=block_quickstart",
+        f"data.path={tiny_corpus}",
+        *overrides,
+        "trainer.max_steps=4",
+        "trainer.max_time=null",
+        "lr_scheduler=warmup_cosine",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(next(run.glob("csv/*/metrics.csv")).open()))
+    train = [r for r in rows if r.get("train/ar_bits_per_token")]
+    assert train, rows
+    first, last = train[0], train[-1]
+    assert not first.get("train/bits_per_token") and last.get("train/bits_per_token")

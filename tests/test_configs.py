@@ -229,3 +229,12 @@ def test_every_yaml_file_is_covered():
     }
     groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
     assert groups <= covered, groups - covered
+
+
+def test_the_block_quickstart_recipe_is_an_ar_phase_then_complementary_block_adaptation():
+    cfg = compose_train("experiment=block_quickstart")
+    assert cfg.process._target_ == "cdlm.processes.block.BlockProcess"
+    assert cfg.process.shift and cfg.process.causal_clean and cfg.process.ar_weight > 0
+    assert cfg.process.complementary and cfg.process.block_size == 4
+    assert cfg.phases.ar == 0.5 and cfg.phases.anneal == 0.0
+    assert cfg.trainer.max_time == "00:00:10:00"  # the quickstart's budget
