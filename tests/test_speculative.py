@@ -144,3 +144,36 @@ def test_speculative_refuses_what_it_cannot_do():
             torch.linspace(1, 0, 2),
             process=plain,
         )
+
+
+def test_a_separate_ar_verifier_gives_its_greedy_tokens():
+    """Verifying with a separate AR model (the checkpoint a block model started from) returns
+    that model's greedy tokens, at one more call per draft; here the block model's weights have
+    drifted from the AR's, so its own causal pass would give other tokens."""
+    from test_block_shift import ar_logits
+
+    from cdlm.processes.autoregressive import AutoregressiveProcess
+
+    process = BlockProcess(V, MASK, 2, EOS, shift=True)  # no causal clean stream of its own
+    ar, net = networks(process)
+    with torch.no_grad():
+        for w in net.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    predictor = AutoregressiveProcess(V, EOS).make_denoiser(ar)
+    canvas = torch.full((2, L), MASK)
+    out = sample_speculative(
+        process.make_denoiser(net),
+        canvas,
+        torch.linspace(1, 0, 2),
+        process=process,
+        temperature=0.0,
+        stop_at_eos=False,
+        verifier=predictor,
+    )
+    want = canvas.clone()
+    for i in range(L):
+        logits = ar_logits(ar, want)[:, i]
+        logits[:, MASK] = float("-inf")
+        want[:, i] = logits.argmax(-1)
+    assert torch.equal(out.tokens, want)
+    assert out.nfe >= 2 * out.stats["drafts"]

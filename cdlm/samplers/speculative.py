@@ -71,6 +71,16 @@ def leading(kept: Tensor) -> Tensor:
     return kept.long().cumprod(-1).sum(-1)
 
 
+def commit(x: Tensor, p: int, draft: Tensor, per_row: Tensor, residual: Tensor) -> int:
+    """Writes into x from p the draft tokens every row kept (m, returned) and, if some row
+    rejected one, one more: its residual draw, or the kept draft token of a row that went on."""
+    m = int(per_row.min())
+    x[:, p : p + m] = draft[:, :m]
+    if m < draft.shape[1]:
+        x[:, p + m] = torch.where(per_row > m, draft[:, m], residual[:, m])
+    return m
+
+
 def prompt_length(x: Tensor, mask_id: int) -> int:
     """The fixed prefix every row shares; refuses fixed tokens after the first [MASK]."""
     open_ = x == mask_id
@@ -81,6 +91,21 @@ def prompt_length(x: Tensor, mask_id: int) -> int:
             "tokens after the first gap (infill or edit with sampler=block)"
         )
     return first
+
+
+class SeparateVerifier:
+    """Verification by a separate AR model (a ``NextTokenPredictor``, e.g. the checkpoint the
+    block model started from) on its own KV cache: one more call per draft, for comparing with
+    the block model's own causal pass (``experiments/speed.py``)."""
+
+    def __init__(self, predictor) -> None:
+        self.predictor, self.kv = predictor, predictor.network.new_cache()
+
+    def __call__(self, tentative: Tensor, p: int, n: int) -> tuple[Tensor, int]:
+        """(raw logits (B, n, V) for positions p..p+n-1 of ``tentative``, positions run)."""
+        a = self.kv.length
+        inputs = self.predictor.shift(tentative)[:, a : p + n]
+        return self.predictor(inputs, cache=self.kv).logits[:, -n:], p + n - a
 
 
 @register("speculative", processes=("block",))
@@ -95,14 +120,18 @@ def sample_speculative(
     callback: Callback | None = None,
     temperature: float = 1.0,
     stop_at_eos: bool = True,
+    verifier=None,
 ) -> SampleOutput:
     """Self-speculative decoding (module docstring) of the canvas x (B, L) after its prompt, in
     drafts of the process's block size; ``timesteps`` is ignored (a draft is one call).
     ``temperature`` applies to both the draft and the AR distribution (0: greedy). With
-    ``stop_at_eos`` it stops once every row has produced EOS. ``stats``: ``accepted_per_call``
-    (tokens committed per network call), ``accepted_per_draft`` (draft tokens kept per verified
-    draft, before the one drawn at a rejection) and the number of ``drafts``."""
-    if not isinstance(denoiser, BlockDenoiser) or not process.verifies:
+    ``stop_at_eos`` it stops once every row has produced EOS. ``verifier``: a separate AR
+    model's ``NextTokenPredictor`` to verify with instead of the model's own causal pass (one
+    more call per draft). ``stats``: ``accepted_per_call`` (tokens committed per network call),
+    ``accepted_per_draft`` (draft tokens kept per verified draft, before the one drawn at a
+    rejection) and the number of ``drafts``."""
+    separate = None if verifier is None else SeparateVerifier(verifier)
+    if not isinstance(denoiser, BlockDenoiser) or not (process.verifies or separate):
         raise ValueError(
             "sampler=speculative verifies drafts with the block model's own causal clean stream "
             "in the same call: it needs process.shift=true and process.causal_clean=true, and "
@@ -134,21 +163,21 @@ def sample_speculative(
         tentative[:, p : p + n] = draft
         n_next = min(k, length - p - n)
         chunk = call(tentative, p + n, p + n + n_next)  # verifies the draft, drafts the next
-        q_logp = denoiser.parameterize(chunk.clean[:, -n:], draft, subs=False).logits
+        q_raw = chunk.clean[:, -n:]
+        if separate is not None:
+            (q_raw, ran), nfe = separate(tentative, p, n), nfe + 1
+            positions += ran
+        q_logp = denoiser.parameterize(q_raw, draft, subs=False).logits
         kept_here, residual = accept(draft, draft_p, probabilities(q_logp, temperature), generator)
-        per_row = leading(kept_here)
-        m, before = int(per_row.min()), p
-        drafts, kept = drafts + 1, kept + m
-        if m == n:  # every row kept it all: the window behind it is the next draft
-            x[:, p : p + n], p, draft = draft, p + n, None
-            if n_next:
-                window = denoiser.parameterize(chunk.window, tentative[:, p : p + n_next])
-                draft, draft_p = propose(window.logits, temperature, generator)
-        else:  # up to the first rejection, and one more: a residual draw or a kept token
-            x[:, p : p + m] = draft[:, :m]
-            x[:, p + m] = torch.where(per_row > m, draft[:, m], residual[:, m])
-            p, draft = p + m + 1, None
-            kv.truncate(p)  # the clean positions whose input was a dropped draft token
+        before, m = p, commit(x, p, draft, leading(kept_here), residual)
+        drafts, kept, p, draft = drafts + 1, kept + m, p + min(m + 1, n), None
+        if m == n and n_next:  # every row kept it all: the window behind it is the next draft
+            window = denoiser.parameterize(chunk.window, tentative[:, p : p + n_next])
+            draft, draft_p = propose(window.logits, temperature, generator)
+        elif m < n:  # the clean positions whose input was a dropped draft token are stale
+            for cache in (kv, None if separate is None else separate.kv):
+                if cache is not None:
+                    cache.truncate(p)
         if callback is not None:
             t, s = 1.0 - before / length, 1.0 - p / length
             callback(StepInfo(i=drafts - 1, t=t, s=s, x=x.clone(), prediction=Prediction(q_logp)))
