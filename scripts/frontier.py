@@ -1,5 +1,6 @@
-"""Draws the speed/quality frontier: gen-PPL against tokens/s, one point per row, AR marked, one
-panel per batch size, from ``experiments/speed.py``'s JSON or any ``cdlm-eval`` reports.
+"""Draws the speed/quality frontier: gen-PPL against tokens/s, one point per row, AR and
+speculative rows marked, one panel per batch size, from ``experiments/speed.py``'s JSON or any
+``cdlm-eval`` reports.
 
     python scripts/frontier.py docs/speed.json my_report.json --out docs/speed.png
 """
@@ -12,13 +13,15 @@ from pathlib import Path
 
 
 def points(path: Path) -> list[dict]:
-    """(name, process, batch, tokens/s, gen-PPL) rows of a speed report or a cdlm-eval report."""
+    """(name, process, sampler, batch, tokens/s, gen-PPL) rows of a speed report (its
+    no-prompt rows, the ones with a gen-PPL) or of a cdlm-eval report."""
     data = json.loads(path.read_text())
     if "rows" in data:  # experiments/speed.py
         return [
             {
                 "name": r["name"],
                 "process": r["process"],
+                "sampler": r["sampler"],
                 "batch": r["batch"],
                 "tps": r["tokens_per_s_median"],
                 "ppl": r["gen_ppl"],
@@ -34,6 +37,7 @@ def points(path: Path) -> list[dict]:
             {
                 "name": name,
                 "process": data["model"]["process"],
+                "sampler": data["sampler"]["name"],
                 "batch": data["batch_size"],
                 "tps": tps,
                 "ppl": ppl,
@@ -63,7 +67,7 @@ def main() -> None:
             ax.scatter(
                 r["tps"],
                 r["ppl"],
-                marker="*" if ar else "o",
+                marker="*" if ar else "^" if r["sampler"] == "speculative" else "o",
                 s=160 if ar else 40,
                 color="black" if ar else None,
                 zorder=3,
@@ -80,7 +84,7 @@ def main() -> None:
             yscale="log",
             xlabel="tokens/s (median)",
             ylabel="gen-PPL",
-            title=f"batch {batch} (AR: black star)",
+            title=f"batch {batch} (AR: black star; speculative: triangle)",
         )
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
