@@ -114,7 +114,7 @@ def test_trainer_fsdp_shards_by_block_and_turns_ema_off():
     assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}
     assert strategy.sharding_strategy.name == "FULL_SHARD"
     assert cfg.callbacks.ema is None
-    assert cfg.trainer.precision == "bf16-mixed"
+    assert cfg.trainer.precision == "auto"  # bf16-mixed on a GPU with bf16 (run.build)
 
 
 # --- 2 gloo processes through the real CLI ---------------------------------------------------

@@ -69,8 +69,8 @@ def sampler_cases():
     caches = {"prefix": PrefixCache(), "dual": DualCache()}
     for name, kinds in sorted(SAMPLERS.items()):
         for kind in kinds:
-            if kind == "autoregressive":
-                continue
+            if kind == "autoregressive" or name == "speculative":
+                continue  # prompts only (AR below; speculative: tests/test_speculative.py)
             if kind == "block":
                 yield name, kind, {}
                 yield name, kind, {"cache": None}

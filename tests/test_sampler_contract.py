@@ -35,7 +35,7 @@ import cdlm.samplers
 from cdlm.denoiser import Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
-from cdlm.processes.block import BlockProcess
+from cdlm.processes.block import BlockDenoiser, BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
 from cdlm.processes.parameterization import VectorInput
@@ -63,6 +63,10 @@ def make_process(kind: str) -> nn.Module:
         "masked": lambda: MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS, shift=False),
         "autoregressive": lambda: AutoregressiveProcess(vocab_size=V, bos_id=EOS),
         "block": lambda: BlockProcess(vocab_size=V, mask_id=MASK, block_size=4, eos_id=EOS),
+        # the layout speculative decoding verifies with: shifted, a causal clean stream
+        "verifying_block": lambda: BlockProcess(
+            vocab_size=V, mask_id=MASK, block_size=4, eos_id=EOS, shift=True, causal_clean=True
+        ),
     }
     torch.manual_seed(0)
     return builders[kind]().double()
@@ -157,6 +161,17 @@ def steps_and_cached_blocks(run: Run) -> int:
     return len(run.seen)
 
 
+def verified(run: Run) -> int:
+    """Speculative decoding: one report per verifying call."""
+    return int(run.out.stats["drafts"])
+
+
+def verified_and_drafted(run: Run) -> int:
+    """Speculative decoding: the verifying calls, plus a draft-only call at the start and after
+    each rejection that leaves positions to draft (the network's own count checks both)."""
+    return int(run.out.stats["drafts"] + run.out.stats["draft_calls"])
+
+
 def tokens_generated(run: Run) -> int:
     """AR: one call per token, up to the position where every row has produced EOS."""
     eos = run.out.tokens == run.process.bos_id
@@ -176,6 +191,7 @@ class Case:
     callbacks: Rule
     steps: int = STEPS
     options: dict = field(default_factory=dict)
+    build: str | None = None  # the ``make_process`` builder, when it is not ``kind``'s
 
 
 CASES: dict[str, Case] = {
@@ -200,6 +216,7 @@ CASES: dict[str, Case] = {
     "entropy_bounded": Case("masked", steps_until_decided, steps_until_decided),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
     "block": Case("block", steps_and_cached_blocks, steps_until_decided),
+    "speculative": Case("block", verified_and_drafted, verified, build="verifying_block"),
 }
 
 # Further options whose NFE and positions accounting differs: the rolling per-token grid,
@@ -249,7 +266,7 @@ def run(
     ``global_seed`` reseeds torch's global stream just before sampling, which a sampler must not
     read (the factories reseed it too, so without this two runs could not tell)."""
     case = CASES[name]
-    process = make_process(case.kind)
+    process = make_process(case.build or case.kind)
     network = make_network(process)
     spy = Spy(network)
     denoiser = make_denoiser(process, network, data)
@@ -287,6 +304,8 @@ def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
     if process.kind == "gaussian":
         x0 = process.embedding(data).detach()
         return lambda x_t, t, self_cond=None, **kw: Prediction(x0=x0, logits=point_mass(data))
+    if getattr(process, "verifies", False):
+        return KnowsData(data, process, network)
     if process.kind in ("masked", "block"):
         return Seeing(data, process, network)
     return ForcedNextToken(process.sampling_denoiser(network), data)
@@ -337,6 +356,22 @@ class Seeing:
         decided = not bool(((at < int(runs.min())) & (tokens == self.mask_id)).any())
         truth = self.data[:, runs]
         return Prediction(logits=point_mass(truth if right and decided else truth % (V - 2) + 1))
+
+
+class KnowsData(BlockDenoiser):
+    """The oracle of a verifying block model (speculative decoding): the real window calls (so
+    its KV cache and call counts are those of use), their draft and verifying outputs forced
+    onto ``data``. Every draft is then kept whole."""
+
+    def __init__(self, data: Tensor, process: nn.Module, network: nn.Module) -> None:
+        super().__init__(network, process.mask_id, process.block_size, process.eos_id, True)
+        self.data = data
+
+    def chunk(self, z, positions, cache=None, start=None, **kwargs):
+        out = super().chunk(z, positions, cache, start, **kwargs)
+        out.window = point_mass(self.data[:, positions])
+        out.clean = point_mass(self.data[:, out.clean_positions])
+        return out
 
 
 class ForcedNextToken:

@@ -178,15 +178,17 @@ def sample_speculative(
             for cache in (kv, None if separate is None else separate.kv):
                 if cache is not None:
                     cache.truncate(p)
+        ended = ended_at_eos(x, p, process.eos_id, mask_id) if stop_at_eos else None
+        x = x if ended is None else ended
         if callback is not None:
-            t, s = 1.0 - before / length, 1.0 - p / length
+            t, s = 1.0 - before / length, 0.0 if ended is not None else 1.0 - p / length
             callback(StepInfo(i=drafts - 1, t=t, s=s, x=x.clone(), prediction=Prediction(q_logp)))
-        if stop_at_eos and (ended := ended_at_eos(x, p, process.eos_id, mask_id)) is not None:
-            x = ended
+        if ended is not None:
             break
     stats = {
         "accepted_per_call": (p - start) / max(nfe, 1),
         "accepted_per_draft": kept / max(drafts, 1),
-        "drafts": float(drafts),
+        "drafts": float(drafts),  # verifying calls (the separate verifier's not counted)
+        "draft_calls": float(nfe - drafts * (2 if separate else 1)),  # draft-only calls
     }
     return SampleOutput(x=x, tokens=x, prediction=None, nfe=nfe, positions=positions, stats=stats)
