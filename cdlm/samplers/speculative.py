@@ -108,6 +108,18 @@ class SeparateVerifier:
         return self.predictor(inputs, cache=self.kv).logits[:, -n:], p + n - a
 
 
+def check_verifiable(denoiser, process, separate: bool, temperature: float) -> None:
+    """Clear errors for what speculative decoding cannot verify."""
+    if not isinstance(denoiser, BlockDenoiser) or not (process.verifies or separate):
+        raise ValueError(
+            "sampler=speculative verifies drafts with the block model's own causal clean stream "
+            "in the same call: it needs process.shift=true and process.causal_clean=true, and "
+            "takes no guidance or label (use sampler=block for those)"
+        )
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+
+
 @register("speculative", processes=("block",))
 @torch.no_grad()
 def sample_speculative(
@@ -131,14 +143,7 @@ def sample_speculative(
     ``accepted_per_draft`` (draft tokens kept per verified draft, before the one drawn at a
     rejection) and the number of ``drafts``."""
     separate = None if verifier is None else SeparateVerifier(verifier)
-    if not isinstance(denoiser, BlockDenoiser) or not (process.verifies or separate):
-        raise ValueError(
-            "sampler=speculative verifies drafts with the block model's own causal clean stream "
-            "in the same call: it needs process.shift=true and process.causal_clean=true, and "
-            "takes no guidance or label (use sampler=block for those)"
-        )
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_verifiable(denoiser, process, separate is not None, temperature)
     x, length, k = x.clone(), x.shape[1], process.block_size
     kv, mask_id = denoiser.network.new_cache(), process.mask_id
     p = start = prompt_length(x, mask_id)
