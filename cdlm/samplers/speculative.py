@@ -12,7 +12,10 @@ distribution; at the first rejection a token is drawn from norm(max(0, q - p)). 
 token then follows q exactly, so the samples are the causal pass's AR samples; at temperature 0
 it keeps the longest prefix agreeing with q's argmax and returns AR's greedy tokens exactly.
 Rows share positions: each call commits the tokens every row accepted, plus one (a row that
-accepted further keeps its draft token there, which is still an exact draw). A full acceptance
+accepted further keeps its draft token there, which is still an exact draw). Drafts end where
+the training blocks end, so that a window's last position is never a block's first (which
+training always shows its clean left neighbour): after a rejection the draft runs to the end
+of that block, then whole blocks again. A full acceptance
 leaves the next draft valid (one call per block); a rejection costs one more call to redraft.
 """
 
@@ -158,7 +161,7 @@ def sample_speculative(
         return denoiser.chunk(canvas, torch.arange(a, b, device=x.device), kv, start=a)
 
     while p < length:
-        n = min(k, length - p)
+        n = min(k - p % k, length - p)  # drafts end where the training blocks end
         if draft is None:  # after the prompt or a rejection: a draft-only call
             chunk = call(x, p, p + n)
             draft, draft_p = propose(
