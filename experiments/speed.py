@@ -159,7 +159,8 @@ def rows_for(args) -> list[Row]:
     if not speculative and args.block_keys:
         print("speculative rows skipped: cdlm.samplers.SAMPLERS has no 'speculative'", flush=True)
     for key in args.block_keys:
-        rows += block_rows(key, (1, 2, 4)) + guard_rows(key)
+        rows += block_rows(key, (1, 2, 4))
+        rows += guard_rows(key) if args.guards is None or key in args.guards else []
         rows += speculative_rows(key) if speculative else []
     for key in args.sdtt_keys:
         rows += block_rows(key, (1, 2))
@@ -249,6 +250,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sdtt", action="append", default=[], help="KEY=PATH: an SDTT block student"
     )
+    parser.add_argument(
+        "--guards", action="append", help="KEY: guarded rows for these block models only"
+    )
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=256)
@@ -291,6 +295,8 @@ def run(args: argparse.Namespace, scorer) -> dict:
                 canvas = canvases[row.key] if prompt else None
                 model, ckpt = models[row.key], ckpts[row.key]
                 rows.append(evaluate(row, model, ckpt, batch, canvas, args, scorer))
+                partial = json.dumps({"rows": rows}, indent=1) + "\n"  # what a cut run keeps
+                atomic_write_text(Path(args.out).with_suffix(".partial.json"), partial)
     bounds = {
         ckpt: val_bits_per_token(m, val[ckpt][: args.likelihood_sequences], seed=0)
         for ckpt, m in by_ckpt.items()
@@ -308,6 +314,7 @@ def run(args: argparse.Namespace, scorer) -> dict:
     out = Path(args.out)
     atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
     atomic_write_text(out.with_suffix(".md"), markdown(report))
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
     return report
 
 
