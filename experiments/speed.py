@@ -43,7 +43,7 @@ GUARDS = {THRESHOLD: ThresholdGuard, ENTROPY_BOUNDED: EntropyGuard}
 # A cap on the guarded rows' steps per block, not a cost: each step commits at least one token
 # and a decided block stops, so a block of 4 takes at most 4 network passes whatever the cap.
 GUARD_STEPS = 16
-SPECULATIVE = (("speculative greedy", 0.0), ("speculative, T=1", 1.0), ("speculative, T=0.9", 0.9))
+SPECULATIVE = (("speculative greedy", 0.0), ("speculative, T=1", 1.0))
 
 
 @dataclass(frozen=True)
