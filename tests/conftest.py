@@ -136,6 +136,14 @@ def tiny_ar_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
     return train_tiny(tmp_path_factory, tiny_corpus, "process=autoregressive")
 
 
+@pytest.fixture(scope="session")
+def tiny_fim_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
+    """The AR baseline trained to fill in the middle (every row FIM-formatted)."""
+    return train_tiny(
+        tmp_path_factory, tiny_corpus, "process=autoregressive", "process.fim_rate=1.0"
+    )
+
+
 def draw(model, *, sampler=None, callback=None, **plan):
     """``cdlm.sampling.generate`` on a loaded ``Model``: its process's default sampler (unless
     ``sampler``), its own sequence length (unless ``seq_len``), and a ``Plan`` of ``plan``

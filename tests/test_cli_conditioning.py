@@ -77,7 +77,9 @@ def test_multirun_sweep_writes_one_output_per_scale(tiny_masked_checkpoint, tmp_
     ],
     ids=["fixed-end", "gap-end"],
 )
-@pytest.mark.parametrize("ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint"])
+@pytest.mark.parametrize(
+    "ckpt", ["tiny_checkpoint", "tiny_masked_checkpoint", "tiny_fim_checkpoint"]
+)
 def test_infill_keeps_fixed_text_and_maps_regions(ckpt, template, fixed_texts, request, tmp_path):
     """The output is the template's regions and ends where the template ends (the tiny BPE is
     near character level: 14 tokens each, and the models' seq_len is 16)."""

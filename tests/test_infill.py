@@ -15,6 +15,7 @@ from cdlm.data.tokenizer import corpus_bpe
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, BlockProcess, GaussianProcess, MaskedProcess
+from cdlm.processes import fim
 from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
@@ -36,6 +37,14 @@ def tok(tiny_corpus):
     return corpus_bpe(load_documents(str(tiny_corpus)), vocab_size=300)
 
 
+@pytest.fixture(scope="module")
+def fim_tok(tiny_corpus):
+    """The same BPE with the fill-in-the-middle sentinels added, for the AR-FIM model."""
+    tok = corpus_bpe(load_documents(str(tiny_corpus)), vocab_size=300)
+    fim.add_tokens(tok)
+    return tok
+
+
 def model(process):
     torch.manual_seed(0)
     kw = process.network_kwargs
@@ -43,9 +52,16 @@ def model(process):
     return net.eval()
 
 
-def processes(tok):
+def processes(tok, fim_tok=None):
+    """One untrained process per kind; an AR one trained to fill in the middle with ``fim_tok``
+    (its sentinels' ids are those ``fim.add_tokens`` finds there)."""
     v, mask, eos = len(tok), tok.mask_token_id, tok.eos_token_id
-    return {
+    found = {}
+    if fim_tok is not None:
+        sentinels = fim.add_tokens(fim_tok)
+        ar = AutoregressiveProcess(len(fim_tok), eos, fim_rate=0.5, fim_ids=sentinels)
+        found["autoregressive"] = ar.eval()
+    return found | {
         "gaussian": GaussianProcess(v, embed_dim=4).eval(),
         "masked": MaskedProcess(v, mask_id=mask, eos_id=eos).eval(),
         "masked_shift": MaskedProcess(v, mask_id=mask, eos_id=eos, shift=True).eval(),
@@ -65,15 +81,16 @@ def template_length(tok, template: str) -> int:
 def sampler_cases():
     """(sampler, process kind, sampler options): masked also in blocks, with each KV cache
     where the sampler takes one; ddpm/ddim also rolling; block diffusion with and without its
-    prefix cache. The autoregressive baseline takes prompts only (see below)."""
+    prefix cache; the autoregressive baseline trained to fill in the middle, with and without
+    its KV cache (without FIM it takes prompts only, see below)."""
     caches = {"prefix": PrefixCache(), "dual": DualCache()}
     for name, kinds in sorted(SAMPLERS.items()):
         for kind in kinds:
-            if kind == "autoregressive" or name == "speculative":
-                continue  # prompts only (AR below; speculative: tests/test_speculative.py)
-            if kind == "block":
+            if name == "speculative":
+                continue  # prompts only (tests/test_speculative.py)
+            if kind in ("block", "autoregressive"):
                 yield name, kind, {}
-                yield name, kind, {"cache": None}
+                yield name, kind, {"cache": None} if kind == "block" else {"use_cache": False}
                 continue
             yield name, kind, {}
             if kind == "masked":
@@ -103,13 +120,15 @@ def make_sampler(name: str, options: dict):
 @pytest.mark.parametrize(
     "name, kind, options", [pytest.param(*c, id=case_id(c)) for c in sampler_cases()]
 )
-def test_every_sampler_returns_exactly_the_template(tok, name, kind, options, strength, template):
+def test_every_sampler_returns_exactly_the_template(
+    tok, fim_tok, name, kind, options, strength, template
+):
     """Fixed regions come back byte-identical, and the output is the template's regions and
     nothing more: it ends with the last fixed text, or with the last gap filled."""
     sampler = make_sampler(name, options)
     segments = parse_template(template)
     n = template_length(tok, template)
-    for key, process in processes(tok).items():
+    for key, process in processes(tok, fim_tok).items():
         if not key.startswith(kind):
             continue
         canvas = build_layout(segments, tok, L, tok.mask_token_id)
@@ -142,7 +161,7 @@ def test_every_sampler_returns_exactly_the_template(tok, name, kind, options, st
                 assert last.kind == "fixed" and text.endswith(" at Kellynch.")
             else:
                 assert last.kind == "generated" and last.tokens == (n - 4, n)
-            if kind != "gaussian":  # every gap filled: no [MASK] is left
+            if kind not in ("gaussian", "autoregressive"):  # every gap filled: no [MASK] left
                 assert tok.mask_token_id not in s.token_ids
 
 

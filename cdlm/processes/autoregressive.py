@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Prediction, Wrapper, full_precision
+from cdlm.processes import fim
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess, valid_mask
 
 
@@ -41,7 +42,13 @@ class NextTokenPredictor:
 class AutoregressiveProcess(TokenProcess):
     """Next-token prediction. ``bos_id`` (the tokenizer's EOS, filled in at build time) starts
     every sequence, so all L tokens are scored and the NLL is per token like the diffusion
-    bounds."""
+    bounds.
+
+    With ``fim_rate`` > 0 that share of training rows is fill-in-the-middle formatted
+    (``cdlm.processes.fim``; ``fim_spm_rate`` of them in SPM order), so that the model infills
+    templates; ``fim_ids`` are the sentinels, added to the tokenizer at build time. Validation
+    and evaluation score plain text, so the logged NLL stays the plain model's.
+    """
 
     kind = "autoregressive"
     default_sampler = "ar"
@@ -51,11 +58,25 @@ class AutoregressiveProcess(TokenProcess):
     sequential = True  # one sampler step (and callback) per token
     causal = True
 
-    def __init__(self, vocab_size: int, bos_id: int) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        bos_id: int,
+        fim_rate: float = 0.0,
+        fim_spm_rate: float = 0.5,
+        fim_ids: list[int] | None = None,
+    ) -> None:
         super().__init__()
         if not 0 <= bos_id < vocab_size:
             raise ValueError(f"bos_id {bos_id} is outside the vocabulary of {vocab_size}")
+        for key, rate in (("fim_rate", fim_rate), ("fim_spm_rate", fim_spm_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"process.{key} must be in [0, 1], got {rate}")
+        if fim_rate > 0 and fim_ids is None:
+            raise ValueError("process.fim_rate > 0 needs fim_ids (the build adds the sentinels)")
         self.vocab_size, self.bos_id = vocab_size, bos_id
+        self.fim_rate, self.fim_spm_rate = fim_rate, fim_spm_rate
+        self.fim = fim.FimIds.of(fim_ids) if fim_ids is not None else None
 
     @property
     def canvas_id(self) -> int:
@@ -81,8 +102,13 @@ class AutoregressiveProcess(TokenProcess):
     def loss(
         self, denoiser: NextTokenPredictor, batch: dict[str, Tensor], generator=None
     ) -> LossOutput:
-        """Exact NLL of the sequence, nats per valid token."""
+        """Exact NLL of the sequence, nats per valid token (in training, of the FIM-formatted
+        rows as they stand)."""
         tokens, valid = batch["tokens"], valid_mask(batch)
+        if self.training and self.fim_rate > 0:
+            tokens, valid = fim.transform(
+                tokens, valid, self.fim_rate, self.fim_spm_rate, self.fim, self.bos_id, generator
+            )
         c = self.corrupt(tokens, self.sample_t(tokens.shape[0], device=tokens.device))
         nll = F.cross_entropy(
             denoiser(c.x_t).logits.flatten(0, 1), tokens.flatten(), reduction="none"
@@ -105,17 +131,23 @@ class AutoregressiveProcess(TokenProcess):
         """The sampler writes every position; the prompt is forced by ``hold_fixed``."""
         return x
 
-    def hold_fixed(self, denoiser, ids: Tensor, editable: Tensor, generator) -> ForcePrefix:
-        """Forces the fixed prefix. Left-to-right decoding never sees right context, so the
-        baseline takes a prompt but no fixed region after a generated one."""
+    def hold_fixed(
+        self, denoiser, ids: Tensor, editable: Tensor, generator
+    ) -> ForcePrefix | FillInTheMiddle:
+        """Forces a fixed prefix (a prompt). A fixed region after a generated one (infill=,
+        edit=) needs right context, which a causal model reads only when trained to fill in
+        the middle: then the sampler writes each gap after a FIM prompt of both sides."""
         fixed = ~editable
         after_open = torch.cummax(editable.long(), dim=1).values.bool()
-        if (fixed & after_open).any():
+        if not (fixed & after_open).any():
+            return ForcePrefix(denoiser, ids, fixed)
+        if self.fim is None:
             raise ValueError(
-                "the autoregressive baseline sees only left context: it takes prompt=, "
-                "not fixed regions after generated ones (infill=/edit=)"
+                "this autoregressive model sees only left context: it takes prompt=, not fixed "
+                "regions after generated ones (infill=/edit=), unless trained to fill in the "
+                "middle (process.fim_rate > 0)"
             )
-        return ForcePrefix(denoiser, ids, fixed)
+        return FillInTheMiddle(denoiser, ids, editable, self.fim)
 
 
 class ForcePrefix(Wrapper):
@@ -143,3 +175,28 @@ class ForcePrefix(Wrapper):
         )
         logits[:, -1] = torch.where(self.fixed[:, pos, None], forced, logits[:, -1])
         return Prediction(logits=logits)
+
+
+class FillInTheMiddle(Wrapper):
+    """A template for a FIM-trained model: the canvas ``ids`` and its ``editable`` gaps, which
+    the AR sampler fills one by one, left to right (``cdlm.samplers.autoregressive``)."""
+
+    def __init__(self, denoiser, ids: Tensor, editable: Tensor, sentinels: fim.FimIds) -> None:
+        if (editable != editable[:1]).any():
+            raise ValueError("a FIM batch shares one template: every row needs the same gaps")
+        self.denoiser, self.ids, self.editable, self.sentinels = denoiser, ids, editable, sentinels
+
+    def __call__(self, tokens: Tensor, t=None, self_cond=None, **kw) -> Prediction:
+        """The model's own next-token logits: the sampler builds the FIM prompts."""
+        return self.denoiser(tokens, t, self_cond, **kw)
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """The [a, b) spans of editable positions, in order."""
+        flags, spans, start = self.editable[0].tolist(), [], None
+        for i, flag in enumerate([*flags, False]):
+            if flag and start is None:
+                start = i
+            elif not flag and start is not None:
+                spans.append((start, i))
+                start = None
+        return spans

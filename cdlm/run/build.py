@@ -17,12 +17,17 @@ from torch import nn
 
 from cdlm.distillation.module import student_of
 from cdlm.model_file import load_model, load_network_weights
+from cdlm.processes import fim
 from cdlm.processes.base import Process
 
 
-def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, int]:
-    """The vocabulary facts a process config asks for (its keys left null), from the tokenizer."""
+def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, Any]:
+    """The vocabulary facts a process config asks for (its keys left null), from the tokenizer.
+    A process that fills in the middle (``fim_rate`` > 0) gets its sentinels, which are added
+    to the tokenizer here, so that the vocabulary counts them."""
+    fim_ids = fim.add_tokens(tokenizer) if process_cfg.get("fim_rate") else None
     known = {
+        "fim_ids": fim_ids,
         "vocab_size": len(tokenizer),
         "mask_id": tokenizer.mask_token_id,
         "eos_id": tokenizer.eos_token_id,

@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cdlm.processes.autoregressive import AutoregressiveProcess, NextTokenPredictor
+from cdlm.processes import fim
+from cdlm.processes.autoregressive import (
+    AutoregressiveProcess,
+    FillInTheMiddle,
+    NextTokenPredictor,
+)
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
 
 
@@ -22,6 +27,7 @@ def sample_ar(
     temperature: float = 1.0,
     use_cache: bool = True,
     stop_at_eos: bool = True,
+    fim_mode: str = "psm",
 ) -> SampleOutput:
     """Ancestral sampling, one token per network call; ``timesteps`` is ignored (the sequence
     length sets the number of calls). With ``use_cache`` each call feeds one new position and
@@ -30,7 +36,15 @@ def sample_ar(
     call reruns the whole prefix (the reference the cache is tested against). With
     ``stop_at_eos`` it stops once every row has produced EOS (the process's BOS id, which is the
     tokenizer's EOS) and later positions become EOS; without, it fills the whole canvas (EOS then
-    separates paragraphs, as in packed training data)."""
+    separates paragraphs, as in packed training data).
+
+    An infill or edit template on a FIM-trained model (a ``FillInTheMiddle`` denoiser, from
+    ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order."""
+    if isinstance(denoiser, FillInTheMiddle):
+        return sample_middles(
+            denoiser, generator=generator, callback=callback, temperature=temperature,
+            use_cache=use_cache, mode=fim_mode,
+        )
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id
     cache = denoiser.network.new_cache() if use_cache else None
@@ -64,3 +78,45 @@ def sample_ar(
             x[:, i + 1 :] = eos
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=i + 1 - first, positions=positions)
+
+
+def sample_middles(
+    denoiser: FillInTheMiddle,
+    *,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    temperature: float = 1.0,
+    use_cache: bool = True,
+    mode: str = "psm",
+) -> SampleOutput:
+    """Fills a template's gaps left to right, each after the FIM prompt of its two sides: the
+    prefix is the whole canvas before the gap (earlier gaps filled), the suffix the fixed text up
+    to the next gap. The template gives each gap's length, so a gap gets exactly that many
+    tokens (the sentinels, the end one included, are never drawn), as a diffusion sampler's
+    does. One call per token; the first call of a gap reads its whole prompt."""
+    x, (_, length) = denoiser.ids.clone(), denoiser.ids.shape
+    sentinels = denoiser.sentinels.as_list()
+    gaps = denoiser.gaps()
+    total = sum(b - a for a, b in gaps)
+    calls = positions = written = 0
+    pred = None
+    for k, (a, b) in enumerate(gaps):
+        stop = gaps[k + 1][0] if k + 1 < len(gaps) else length
+        head = fim.prompt(x[:, :a], x[:, b:stop], denoiser.sentinels, mode)
+        bos = torch.full_like(head[:, :1], denoiser.bos_id)
+        context = torch.cat([bos, head], 1)
+        cache = denoiser.network.new_cache() if use_cache else None
+        step_input = context
+        for i in range(a, b):
+            pred = denoiser(step_input, cache=cache) if use_cache else denoiser(context)
+            calls, positions = calls + 1, positions + step_input.shape[1]
+            logp = pred.logits[:, -1].log_softmax(-1)
+            logp[:, sentinels] = -torch.inf
+            x[:, i] = sample_categorical(logp, generator, temperature)
+            context = torch.cat([context, x[:, i : i + 1]], 1)
+            step_input = x[:, i : i + 1] if use_cache else context
+            written += 1
+            if callback is not None:
+                t, s = 1.0 - (written - 1) / total, 1.0 - written / total
+                callback(StepInfo(i=written - 1, t=t, s=s, x=x.clone(), prediction=pred))
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=calls, positions=positions)
