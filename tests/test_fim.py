@@ -8,12 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import draw_from
 
 from cdlm.denoiser import Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, fim
-from cdlm.regions import assemble, build_layout, parse_template
 from cdlm.samplers.autoregressive import sample_ar
 
 V = 40

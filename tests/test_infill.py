@@ -14,8 +14,7 @@ from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
-from cdlm.processes import AutoregressiveProcess, BlockProcess, GaussianProcess, MaskedProcess
-from cdlm.processes import fim
+from cdlm.processes import AutoregressiveProcess, BlockProcess, GaussianProcess, MaskedProcess, fim
 from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache

@@ -29,6 +29,7 @@ from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.model_file import load_model
 from cdlm.samplers.grids import GRIDS
 from cdlm.sampling import check_whole_canvases, choose
+from cdlm.tasks import suite
 from cdlm.validation import (
     COUNT,
     FLAG,
@@ -59,6 +60,7 @@ RULES = {
     "grid": Choice(GRIDS),
     "cut_at_eos": FLAG,
     "wandb": FLAG,
+    "cases": COUNT,
 }
 
 
@@ -138,7 +140,41 @@ def full_report(cfg: DictConfig) -> None:
         log_to_wandb(result)
 
 
+def task_report(cfg: DictConfig) -> None:
+    """A task's rows (``cdlm.tasks``): JSON report, and a one-line summary per row."""
+    device = resolve_device(cfg.device)
+    start = time.perf_counter()
+    model = load_model(cfg.ckpt, device)
+    load = time.perf_counter() - start
+    choice = choose(model.process, model.config, cfg.steps, instantiate(cfg.get("sampler")))
+    name = cfg.task._target_.split(".")[-2]
+    path = report_path(cfg, f"task_{name}")
+    scorer = None
+    if cfg.scorer != "none" and name != "correct":  # correct is judged on tokens alone
+        scorer = load_scorer(None if cfg.scorer == "default" else cfg.scorer, device)
+    result = suite.report(
+        name,
+        instantiate(cfg.task),
+        model,
+        choice.sampler,
+        steps=choice.steps,
+        seed=cfg.seed,
+        cases=cfg.cases,
+        scorer=scorer,
+        data_path=cfg.data.path,
+        val_fraction=cfg.data.val_fraction,
+        load_seconds=load,
+    )
+    for row in result["rows"]:
+        shown = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None}
+        print("cdlm-eval: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    print(f"cdlm-eval: wrote {path}")
+
+
 def evaluate_checkpoint(cfg: DictConfig) -> None:
+    if cfg.get("task") is not None:
+        return task_report(cfg)
     if instantiate(cfg.metric).func is harness.evaluate_checkpoint:
         return full_report(cfg)
     model = load_model(cfg.ckpt, resolve_device(cfg.device))

@@ -42,8 +42,12 @@ def sample_ar(
     ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order."""
     if isinstance(denoiser, FillInTheMiddle):
         return sample_middles(
-            denoiser, generator=generator, callback=callback, temperature=temperature,
-            use_cache=use_cache, mode=fim_mode,
+            denoiser,
+            generator=generator,
+            callback=callback,
+            temperature=temperature,
+            use_cache=use_cache,
+            mode=fim_mode,
         )
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id

@@ -19,6 +19,12 @@ def label_index(model: Model, label: str | None) -> int | None:
     return names.index(str(label))
 
 
+def fill_id(tokenizer) -> int:
+    """What a blank starts from: [MASK], or EOS for a tokenizer without one."""
+    mask = tokenizer.mask_token_id
+    return mask if mask is not None else tokenizer.eos_token_id
+
+
 def read_layout(
     model: Model,
     seq_len: int,
@@ -34,7 +40,7 @@ def read_layout(
     prompt's continues to ``seq_len`` positions, or with ``max_new_tokens`` to that many after
     the prompt."""
     tok = model.tokenizer
-    fill = tok.mask_token_id if tok.mask_token_id is not None else tok.eos_token_id
+    fill = fill_id(tok)
     if max_new_tokens is not None and prompt is None:
         raise ValueError("max_new_tokens counts the tokens after a prompt; give one")
     if prompt is not None:
