@@ -173,3 +173,30 @@ def test_task_errors_name_the_problem(tiny_ar_checkpoint, tiny_checkpoint, tmp_p
             cwd=tmp_path,
         )
         assert result.returncode != 0 and needle in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", ["masked_shift", "block"])
+def test_correct_scores_and_refills_with_untrained_masked_family_models(kind, tok, oracle):
+    """Shifted masked and block models score words through their own prediction (block: with
+    its clean stream) and refill them; the figures are shares, and fixed words stay fixed."""
+    from cdlm.networks.transformer import Transformer
+    from cdlm.processes import BlockProcess
+
+    _, passages = oracle
+    v, mask, eos = len(tok), tok.mask_token_id, tok.eos_token_id
+    process = (
+        MaskedProcess(v, mask_id=mask, eos_id=eos, shift=True)
+        if kind == "masked_shift"
+        else BlockProcess(v, mask_id=mask, block_size=4, eos_id=eos)
+    ).eval()
+    torch.manual_seed(0)
+    net = Transformer(
+        **process.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=L + 1
+    )
+    model = Model(process, net.eval(), tok, {"seq_len": L})
+    sampler = named_sampler("block" if kind == "block" else "confidence", stop_at_eos=False)
+    scores = correct.word_scores(model, passages[0].ids, passages[0].spans)
+    assert scores.shape == (len(passages[0].spans),) and (scores <= 0).all()
+    (row,) = correct.run(model, sampler, passages[:2], steps=4, seed=0, rates=[0.15], rounds=1)
+    assert 0 <= row["restored"] <= 1 and 0 <= row["changed_correct"] <= 1
+    assert row["nfe"] >= sum(len(p.spans) for p in passages[:1])
