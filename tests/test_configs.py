@@ -205,6 +205,16 @@ def test_sample_config_and_samplers_compose(sampler):
     assert fn.func.sampler_name == sampler
 
 
+@pytest.mark.parametrize("task", options("task"))
+def test_eval_config_and_tasks_compose(task):
+    """Each task config builds its task's run, named by its module as cdlm-eval reports it."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("eval", overrides=[f"task={task}", "ckpt=x"])
+    fn = instantiate(cfg.task)
+    assert fn.func.__module__ == f"cdlm.tasks.{task}" and fn.func.__name__ == "run"
+    assert cfg.task._target_.split(".")[-2] == task
+
+
 def test_every_yaml_file_is_covered():
     covered = {
         "process",
@@ -226,6 +236,7 @@ def test_every_yaml_file_is_covered():
         "phases",
         "module",
         "cache",  # composed and built in tests/test_block.py::test_the_cache_group_builds_the_cache
+        "task",
     }
     groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
     assert groups <= covered, groups - covered

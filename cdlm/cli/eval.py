@@ -142,32 +142,22 @@ def full_report(cfg: DictConfig) -> None:
 
 def task_report(cfg: DictConfig) -> None:
     """A task's rows (``cdlm.tasks``): JSON report, and a one-line summary per row."""
-    device = resolve_device(cfg.device)
-    start = time.perf_counter()
-    model = load_model(cfg.ckpt, device)
-    load = time.perf_counter() - start
-    choice = choose(model.process, model.config, cfg.steps, instantiate(cfg.get("sampler")))
     name = cfg.task._target_.split(".")[-2]
     path = report_path(cfg, f"task_{name}")
-    scorer = None
-    if cfg.scorer != "none" and name != "correct":  # correct is judged on tokens alone
-        scorer = load_scorer(None if cfg.scorer == "default" else cfg.scorer, device)
-    result = suite.report(
+    result = suite.evaluate(
+        str(cfg.ckpt),
         name,
         instantiate(cfg.task),
-        model,
-        choice.sampler,
-        steps=choice.steps,
+        instantiate(cfg.get("sampler")),
+        steps=cfg.steps,
         seed=cfg.seed,
         cases=cfg.cases,
-        scorer=scorer,
+        scorer=cfg.scorer,
+        device=resolve_device(cfg.device),
         data_path=cfg.data.path,
         val_fraction=cfg.data.val_fraction,
-        load_seconds=load,
     )
-    for row in result["rows"]:
-        shown = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None}
-        print("cdlm-eval: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+    print("\n".join(suite.summary_lines(result)))
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"cdlm-eval: wrote {path}")
 

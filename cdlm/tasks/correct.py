@@ -46,11 +46,11 @@ def _same_size(tok, old: str, new: str) -> bool:
     return new != old and len(word_ids(tok, new)) == len(word_ids(tok, old))
 
 
-def _variant(tok, word: str, kind: str, pool: list[str], rng: random.Random) -> str | None:
+def _variant(tok, word: str, how: str, pool: list[str], rng: random.Random) -> str | None:
     """A corrupted ``word`` (leading whitespace kept) of the same token count, or None."""
     space, core = word[: len(word) - len(word.lstrip())], word.lstrip()
     for _ in range(20):
-        if kind == "typo":
+        if how == "typo":
             letters = [i for i, ch in enumerate(core) if ch.isalpha()]
             i = rng.choice(letters)
             new = core[:i] + rng.choice(LETTERS.replace(core[i].lower(), "")) + core[i + 1 :]
@@ -73,8 +73,8 @@ def corrupt(tok, passage: Passage, rate: float, pool: list[str], rng: random.Ran
             break
         if i in wrong:
             continue
-        kind = KINDS[len(wrong) % len(KINDS)]
-        if kind == "swap" and i + 1 in eligible and i + 1 not in wrong and len(wrong) + 2 <= target:
+        how = KINDS[len(wrong) % len(KINDS)]
+        if how == "swap" and i + 1 in eligible and i + 1 not in wrong and len(wrong) + 2 <= target:
             a, b = words[i], words[i + 1]
             left, right = a[: len(a) - len(a.lstrip())], b[: len(b) - len(b.lstrip())]
             swapped = [left + b.lstrip(), right + a.lstrip()]
@@ -83,7 +83,7 @@ def corrupt(tok, passage: Passage, rate: float, pool: list[str], rng: random.Ran
                 words[i : i + 2] = swapped
                 wrong |= {i, i + 1}
                 continue
-        new = _variant(tok, words[i], "random" if kind == "swap" else kind, pool, rng)
+        new = _variant(tok, words[i], "random" if how == "swap" else how, pool, rng)
         if new is not None:
             words[i] = new
             wrong.add(i)
@@ -124,7 +124,7 @@ def word_scores(model: Model, ids: list[int], spans: list[tuple[int, int]]) -> t
     for w, (a, b) in enumerate(spans):
         hidden[w, a:b] = True
     denoiser = model.denoiser
-    if process.kind == "autoregressive":
+    if getattr(process, "causal", False):
         if process.fim is None:
             raise ValueError("task=correct on an AR model needs one trained with process.fim_rate")
         rows = [
@@ -166,7 +166,8 @@ def repair(
     for r in range(rounds):
         scores = word_scores(model, ids, spans)
         nfe += len(spans)
-        positions += len(spans) * (len(ids) + (3 if model.process.kind == "autoregressive" else 0))
+        causal = getattr(model.process, "causal", False)
+        positions += len(spans) * (len(ids) + (3 if causal else 0))  # AR: the FIM sentinels, BOS
         suspects = [w for w, s in enumerate(scores.tolist()) if s < math.log(threshold)]
         if not suspects:
             break

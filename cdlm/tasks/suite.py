@@ -4,13 +4,17 @@ reports: the tokenizer, the passages' lengths, the model's load time kept apart 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from cdlm.evaluation.quality import Scorer
+import torch
+
+from cdlm.evaluation.quality import Scorer, load_scorer
 from cdlm.evaluation.speed import spread
-from cdlm.model_file import Model
+from cdlm.model_file import Model, load_model
 from cdlm.processes import fim
 from cdlm.samplers.base import sampler_name
+from cdlm.sampling import choose
 from cdlm.tasks.passages import held_out
 
 TASKS = ("infill", "correct", "write")
@@ -56,3 +60,51 @@ def report(
         "load_s": load_seconds,
         "rows": [{"task": name, "process": label, "sampler": used} | row for row in rows],
     }
+
+
+def evaluate(
+    ckpt: str,
+    name: str,
+    task: Callable,
+    sampler: Callable | None,
+    *,
+    steps: int | None,
+    seed: int,
+    cases: int,
+    scorer: str,
+    device: torch.device,
+    data_path: str | None = None,
+    val_fraction: float = 0.02,
+) -> dict:
+    """``report`` on the model at ``ckpt`` (its load timed apart), with the sampler and steps
+    ``cdlm.sampling.choose`` fills in, and the scorer named by ``scorer`` (``default``,
+    ``none`` or an HF causal LM; correct is judged on tokens alone and loads none)."""
+    start = time.perf_counter()
+    model = load_model(ckpt, device)
+    load = time.perf_counter() - start
+    choice = choose(model.process, model.config, steps, sampler)
+    judge = None
+    if scorer != "none" and name != "correct":
+        judge = load_scorer(None if scorer == "default" else scorer, device)
+    return report(
+        name,
+        task,
+        model,
+        choice.sampler,
+        steps=choice.steps,
+        seed=seed,
+        cases=cases,
+        scorer=judge,
+        data_path=data_path,
+        val_fraction=val_fraction,
+        load_seconds=load,
+    )
+
+
+def summary_lines(result: dict) -> list[str]:
+    """One line per row: its numeric figures."""
+    lines = []
+    for row in result["rows"]:
+        shown = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None}
+        lines.append("cdlm-eval: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+    return lines
