@@ -126,7 +126,7 @@ CASES = [
     ("cdlm-eval", ["metric=elbo", "ckpt=GAUSSIAN", "data.path=EMPTY_TXT"], "holds no text"),
     ("cdlm-eval", ["metric=elbo", "ckpt=GAUSSIAN", "data.path=SHORT"], "corpus too small"),
     ("cdlm-eval", ["metric=elbo", "ckpt=GAUSSIAN", "data.path=LATIN1"], "is not UTF-8 text"),
-    ("cdlm-eval", ["metric=elbo", "ckpt=GAUSSIAN", "data.path=NOTEXT"], "no .txt or .txt.gz"),
+    ("cdlm-eval", ["metric=elbo", "ckpt=GAUSSIAN", "data.path=NOTEXT"], "no .txt, .txt.gz or .py"),
     ("cdlm-eval", ["out=MISSING/r.json"], "/missing does not exist"),
     ("cdlm-eval", ["out=UNWRITABLE/r.json"], "cannot write in"),
     # cdlm-train: types, ranges and unknown options, refused before Hydra makes the run folder
@@ -166,7 +166,7 @@ CASES = [
     ("cdlm-train", ["data.path=EMPTY_TXT"], "holds no text"),
     ("cdlm-train", ["data.path=SHORT"], "corpus too small"),
     ("cdlm-train", ["data.path=LATIN1"], "is not UTF-8 text (byte 3); convert it first"),
-    ("cdlm-train", ["data.path=NOTEXT"], "is a folder with no .txt or .txt.gz files"),
+    ("cdlm-train", ["data.path=NOTEXT"], "is a folder with no .txt, .txt.gz or .py files"),
     ("cdlm-train", ["module=distill_progressive"], "needs teacher=PATH"),
     # the output folder
     ("cdlm-train", ["hydra.run.dir=UNWRITABLE/run"], "cannot write in"),

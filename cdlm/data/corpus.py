@@ -1,7 +1,9 @@
 """Where text comes from: the bundled Austen corpus, the user's .txt files, or HF datasets.
 
 Every source yields ``Document``s (text plus a label). For files, the label is the file name
-without extension, so the bundled novels are labelled by novel.
+without extension, so the bundled novels are labelled by novel. Prose is unwrapped into one line
+per paragraph; source code (``.py``) keeps its lines and indentation, so that EOS (the line break
+of every model here) ends each line of code.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 BUNDLED = Path(__file__).parent / "austen"
 TEXT_SUFFIXES = (".txt", ".txt.gz")
+CODE_SUFFIXES = (".py",)
 
 
 @dataclass
@@ -25,6 +28,11 @@ def clean_text(raw: str) -> str:
     """Unwraps printed line breaks: paragraphs (blank-line separated) become single lines."""
     paragraphs = (re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", raw))
     return "\n".join(p for p in paragraphs if p)
+
+
+def code_text(raw: str) -> str:
+    """Source code line by line: indentation kept, trailing spaces and blank lines dropped."""
+    return "\n".join(line.rstrip() for line in raw.splitlines() if line.strip())
 
 
 def _read(path: Path) -> str:
@@ -40,14 +48,15 @@ def _read(path: Path) -> str:
 
 def _label(path: Path) -> str:
     name = path.name
-    for suffix in TEXT_SUFFIXES:
+    for suffix in TEXT_SUFFIXES + CODE_SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return path.stem
 
 
 def _text_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
+    suffixes = TEXT_SUFFIXES + CODE_SUFFIXES
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(suffixes))
 
 
 def load_documents(
@@ -59,7 +68,7 @@ def load_documents(
     """Reads a corpus.
 
     Args:
-        path: None for the bundled Austen novels; a .txt/.txt.gz file; a folder of them (searched
+        path: None for the bundled Austen novels; a .txt/.txt.gz/.py file; a folder of them (searched
             recursively); or else the name/path of a Hugging Face dataset (needs ``datasets``).
         text_column, label_column, split: used for HF datasets only.
     """
@@ -72,13 +81,19 @@ def load_documents(
         elif p.is_dir():
             files = _text_files(p)
             if not files:
-                raise ValueError(f"data.path={path!r} is a folder with no .txt or .txt.gz files")
+                raise ValueError(
+                    f"data.path={path!r} is a folder with no .txt, .txt.gz or .py files"
+                )
         else:
             return _load_hf(path, text_column, label_column, split)
-    docs = [Document(clean_text(_read(f)), _label(f)) for f in files]
+    docs = [Document(_clean(f)(_read(f)), _label(f)) for f in files]
     if not any(d.text for d in docs):
         raise ValueError(f"data.path={path!r} holds no text")
     return docs
+
+
+def _clean(path: Path):
+    return code_text if path.name.endswith(CODE_SUFFIXES) else clean_text
 
 
 def _load_hf(name: str, text_column: str, label_column: str | None, split: str) -> list[Document]:

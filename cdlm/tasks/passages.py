@@ -30,7 +30,14 @@ class Passage:
 
 
 def word_ids(tokenizer, word: str) -> list[int]:
-    return list(tokenizer(word, add_special_tokens=False)["input_ids"])
+    """``word``'s tokens, each line break as EOS: the line break every model here trained on
+    (a corpus's lines end in EOS), never the tokenizer's unseen newline byte."""
+    lines = word.split("\n")
+    ids = list(tokenizer(lines[0], add_special_tokens=False)["input_ids"]) if lines[0] else []
+    for line in lines[1:]:
+        ids.append(tokenizer.eos_token_id)
+        ids += tokenizer(line, add_special_tokens=False)["input_ids"] if line else []
+    return ids
 
 
 def lay_out(tokenizer, words: list[str]) -> Passage:
