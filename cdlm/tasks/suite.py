@@ -15,9 +15,11 @@ from cdlm.model_file import Model, load_model
 from cdlm.processes import fim
 from cdlm.samplers.base import sampler_name
 from cdlm.sampling import choose
+from cdlm.tasks import plan
 from cdlm.tasks.passages import held_out
 
-TASKS = ("infill", "correct", "write")
+TASKS = ("infill", "correct", "constrain", "plan", "write")
+OWN_SCORING = ("correct", "plan")  # judged on tokens or by a checker alone: no scorer loaded
 
 
 def process_label(model: Model) -> str:
@@ -40,12 +42,17 @@ def report(
     val_fraction: float = 0.02,
     load_seconds: float | None = None,
 ) -> dict:
-    """Runs ``task`` (a task module's ``run``, options bound) on ``cases`` held-out passages.
-    Passages hold at most the model's length less the 4 FIM sentinels, so that every process
-    gets the same passages from the same split and seed."""
-    length = model.config["seq_len"] - fim.SENTINELS
-    passages = held_out(model, cases, length, seed, data_path, val_fraction)
-    rows = task(model, sampler, passages, steps=steps, seed=seed, scorer=scorer)
+    """Runs ``task`` (a task module's ``run``, options bound) on ``cases`` held-out inputs: the
+    plan task's puzzle lines, or else passages of at most the model's length less the 4 FIM
+    sentinels, so that every process gets the same passages from the same split and seed."""
+    if name == "plan":
+        inputs = plan.held_out(model, cases, seed, data_path, val_fraction)
+        lengths = [len(p.line) for p in inputs]
+    else:
+        length = model.config["seq_len"] - fim.SENTINELS
+        inputs = held_out(model, cases, length, seed, data_path, val_fraction)
+        lengths = [len(p.ids) for p in inputs]
+    rows = task(model, sampler, inputs, steps=steps, seed=seed, scorer=scorer)
     label, used = process_label(model), sampler_name(sampler)
     tok = model.tokenizer
     return {
@@ -55,7 +62,7 @@ def report(
         "steps": steps,
         "seed": seed,
         "tokenizer": {"class": type(tok).__name__, "vocab": len(tok)},
-        "passage_tokens": spread([len(p.ids) for p in passages]),
+        "input_length": spread(lengths),  # tokens of a passage, characters of a puzzle line
         "scorer": None if scorer is None else scorer.name,
         "load_s": load_seconds,
         "rows": [{"task": name, "process": label, "sampler": used} | row for row in rows],
@@ -78,13 +85,13 @@ def evaluate(
 ) -> dict:
     """``report`` on the model at ``ckpt`` (its load timed apart), with the sampler and steps
     ``cdlm.sampling.choose`` fills in, and the scorer named by ``scorer`` (``default``,
-    ``none`` or an HF causal LM; correct is judged on tokens alone and loads none)."""
+    ``none`` or an HF causal LM; correct and plan load none)."""
     start = time.perf_counter()
     model = load_model(ckpt, device)
     load = time.perf_counter() - start
     choice = choose(model.process, model.config, steps, sampler)
     judge = None
-    if scorer != "none" and name != "correct":
+    if scorer != "none" and name not in OWN_SCORING:
         judge = load_scorer(None if scorer == "default" else scorer, device)
     return report(
         name,
