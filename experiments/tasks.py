@@ -1,11 +1,15 @@
 """Issue 25's measurement: every task on every model in one run (``cdlm.tasks``), written as
 docs/tasks.json ({"rows": [...]}) and the tables of docs/tasks.md's generated part.
 
-Accuracy tasks (infill, correct) decode greedily: AR-FIM at temperature 0, masked by confidence
-(top-k easy-first, Ye et al. 2025), block and gaussian with their own samplers at temperature 0
-where they have one. Open writing (write) uses each process's default sampler at temperature 1.
+Three model sets (experiments/train_task_models.sh): Austen (--model: infill, correct,
+constrain's text kinds, write), code (--code, with --code-data: infill, constrain's code kinds,
+write) and plan (--plan, with --plan-data: Sudoku and Countdown). Accuracy tasks decode
+greedily: AR at temperature 0, masked by confidence (top-k easy-first, Ye et al. 2025), block
+and gaussian with their own samplers at temperature 0 where they have one. Open writing (write)
+uses each process's default sampler at temperature 1.
 
-usage: python experiments/tasks.py --model ar-fim=PATH --model masked=PATH ... --out docs/tasks
+usage: python experiments/tasks.py --model ar-fim=PATH ... [--code KEY=PATH ... --code-data F]
+    [--plan KEY=PATH ... --plan-data F] --out docs/tasks
 """
 
 from __future__ import annotations
@@ -23,55 +27,74 @@ from cdlm.evaluation.quality import load_scorer
 from cdlm.io import atomic_write_text
 from cdlm.model_file import load_model
 from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import correct, infill, suite, write
+from cdlm.tasks import constrain, correct, infill, plan, suite, write
 
-GREEDY = {  # process kind -> (sampler, options, steps) for infill and correct
+GREEDY = {  # process kind -> (sampler, options, steps) for the accuracy tasks
     "autoregressive": ("ar", {"temperature": 0.0, "stop_at_eos": False}, 1),
     "masked": ("confidence", {"stop_at_eos": False}, 32),
     "block": ("block", {"temperature": 0.0, "stop_at_eos": False}, 32),
     "gaussian": ("ddpm", {}, 64),
 }
 WRITE_STEPS = {"autoregressive": 1, "masked": 64, "block": 64, "gaussian": 64}
+PLAN_STEPS = 64  # a Sudoku answer is at most 40 tokens: one or more decided per step
+SETS = {  # a model set -> its tasks
+    "austen": ("infill", "correct", "constrain", "write"),
+    "code": ("infill", "constrain", "write"),
+    "plan": ("plan",),
+}
+KINDS = {"austen": constrain.TEXT_KINDS, "code": constrain.CODE_KINDS}
 
 
-def rows_of(key: str, path: str, args, scorer) -> list[dict]:
-    start = time.perf_counter()
-    model = load_model(path)
-    load = time.perf_counter() - start
-    kind = model.process.kind
+def task_plan(kind: str, group: str, args, scorer) -> list[tuple]:
+    """(task, bound run, sampler or None for the default, steps, scorer) for each task."""
     name, options, steps = GREEDY[kind]
     greedy = named_sampler(name, **options)
-    plan = [
-        ("infill", functools.partial(infill.run, spans=args.spans), greedy, steps, scorer),
-        ("correct", functools.partial(correct.run, rates=args.rates), greedy, steps, None),
-        (
-            "write",
+    every = {
+        "infill": (functools.partial(infill.run, spans=args.spans), greedy, steps, scorer),
+        "correct": (functools.partial(correct.run, rates=args.rates), greedy, steps, None),
+        "constrain": (
+            functools.partial(constrain.run, kinds=list(KINDS.get(group, ()))),
+            greedy,
+            steps,
+            scorer,
+        ),
+        "plan": (plan.run, greedy, PLAN_STEPS if kind != "autoregressive" else 1, None),
+        "write": (
             functools.partial(write.run, samples=args.samples),
             None,
             WRITE_STEPS[kind],
             scorer,
         ),
-    ]
+    }
+    return [(task, *every[task]) for task in SETS[group]]
+
+
+def rows_of(key: str, path: str, group: str, data: str | None, args, scorer) -> list[dict]:
+    start = time.perf_counter()
+    model = load_model(path)
+    load = time.perf_counter() - start
     rows = []
-    for task, fn, sampler, n, task_scorer in plan:
-        if task == "correct" and not (
-            hasattr(model.process, "mask_id") or kind == "autoregressive"
-        ):
-            continue  # gaussian: no scoring rule yet (docs/evaluation.md)
+    for task, fn, sampler, n, task_scorer in task_plan(model.process.kind, group, args, scorer):
         sampler = sampler or named_sampler(model.process.default_sampler)
         print(f"== {key}: {task} ({time.strftime('%T')})", file=sys.stderr)
-        report = suite.report(
-            task,
-            fn,
-            model,
-            sampler,
-            steps=n,
-            seed=args.seed,
-            cases=args.cases,
-            scorer=task_scorer,
-            load_seconds=load,
-        )
-        rows += [row | {"model": key, "path": path} for row in report["rows"]]
+        try:
+            report = suite.report(
+                task,
+                fn,
+                model,
+                sampler,
+                steps=n,
+                seed=args.seed,
+                cases=args.cases,
+                scorer=task_scorer,
+                data_path=data,
+                load_seconds=load,
+            )
+        except ValueError as e:  # e.g. passages too short for any constraint: said, not hidden
+            print(f"== {key}: {task} skipped: {e}", file=sys.stderr)
+            continue
+        extra = {"model": key, "path": path, "set": group}
+        rows += [row | extra for row in report["rows"]]
     return rows
 
 
@@ -89,6 +112,9 @@ def table(rows: list[dict], columns: list[str]) -> str:
 def goals(rows: list[dict]) -> list[str]:
     """Each goal of issue 25 that this run measures, met or not, with the figures."""
     out = []
+    rows = [r for r in rows if r.get("set", "austen") == "austen"] + [
+        r for r in rows if r.get("set") == "plan"
+    ]
     by = {(r["task"], r["model"], r.get("span", r.get("rate"))): r for r in rows}
     ar = next((r["model"] for r in rows if r["process"] == "autoregressive+fim"), None)
     for span in (4, 16):
@@ -111,6 +137,39 @@ def goals(rows: list[dict]) -> list[str]:
                 f"changed {r['changed_correct']:.4f} of correct ones: goal (>= 0.5 restored, <= "
                 f"0.01 changed) {'met' if met else 'not met'}."
             )
+    return out + constrain_goals(rows, ar) + plan_goals(rows)
+
+
+def constrain_goals(rows: list[dict], ar: str | None) -> list[str]:
+    by = {(r["model"], r["kind"]): r for r in rows if r["task"] == "constrain"}
+    out = []
+    for kind in ("name_twice", "end_with"):
+        theirs = by.get((ar, kind))
+        for (model, k), mine in sorted(by.items()):
+            if k != kind or model == ar or theirs is None:
+                continue
+            met = mine["acceptance"] >= 2 * theirs["acceptance"] and mine["acceptance"] > 0
+            out.append(
+                f"Constrain, {kind}: {model} accepted {mine['acceptance']:.3f} against {ar}'s "
+                f"{theirs['acceptance']:.3f}: goal (>= 2x) {'met' if met else 'not met'}."
+            )
+    return out
+
+
+def plan_goals(rows: list[dict]) -> list[str]:
+    by = {(r["process"], r["game"]): r for r in rows if r["task"] == "plan"}
+    out = []
+    for game in ("sudoku", "countdown"):
+        mine, theirs = by.get(("masked", game)), by.get(("autoregressive", game))
+        if mine is None or theirs is None:
+            continue
+        rate, ar_rate = mine["solve_rate"], theirs["solve_rate"]
+        met = rate >= 2 * ar_rate and rate > 0 and (game != "sudoku" or rate >= 0.9)
+        floor = " and >= 0.9" if game == "sudoku" else ""
+        out.append(
+            f"Plan, {game}: masked solved {rate:.3f} against AR's {ar_rate:.3f}: goal (>= 2x"
+            f"{floor}) {'met' if met else 'not met'}."
+        )
     return out
 
 
@@ -120,6 +179,8 @@ def markdown(rows: list[dict]) -> str:
         table(
             [r for r in rows if r["task"] == "infill"],
             [
+                "set",
+                "set",
                 "model",
                 "sampler",
                 "span",
@@ -140,6 +201,7 @@ def markdown(rows: list[dict]) -> str:
         table(
             [r for r in rows if r["task"] == "correct"],
             [
+                "set",
                 "model",
                 "sampler",
                 "rate",
@@ -156,10 +218,45 @@ def markdown(rows: list[dict]) -> str:
         ),
     ]
     parts += [
+        "\n## Constrain\n",
+        table(
+            [r for r in rows if r["task"] == "constrain"],
+            [
+                "set",
+                "model",
+                "sampler",
+                "kind",
+                "cases",
+                "acceptance",
+                "matches_original",
+                "accepted_ppl",
+                "nfe",
+                "positions",
+                "wall_s_median",
+            ],
+        ),
+        "\n## Plan\n",
+        table(
+            [r for r in rows if r["task"] == "plan"],
+            [
+                "set",
+                "model",
+                "sampler",
+                "game",
+                "cases",
+                "solve_rate",
+                "nfe",
+                "positions",
+                "wall_s_median",
+            ],
+        ),
+    ]
+    parts += [
         "\n## Write\n",
         table(
             [r for r in rows if r["task"] == "write"],
             [
+                "set",
                 "model",
                 "sampler",
                 "samples",
@@ -178,7 +275,11 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", action="append", required=True, help="KEY=PATH")
+    parser.add_argument("--model", action="append", default=[], help="KEY=PATH (Austen)")
+    parser.add_argument("--code", action="append", default=[], help="KEY=PATH (code set)")
+    parser.add_argument("--plan", action="append", default=[], help="KEY=PATH (plan set)")
+    parser.add_argument("--code-data", help="the code corpus the code set trained on")
+    parser.add_argument("--plan-data", help="the puzzle file the plan set trained on")
     parser.add_argument("--cases", type=int, default=32)
     parser.add_argument("--spans", type=int, nargs="+", default=list(infill.SPANS))
     parser.add_argument("--rates", type=float, nargs="+", default=list(correct.RATES))
@@ -193,9 +294,12 @@ def main() -> None:
         else load_scorer(None if args.scorer == "default" else args.scorer)
     )
     rows = []
-    for spec in args.model:
+    sets = [("austen", m, None) for m in args.model] + [
+        ("code", m, args.code_data) for m in args.code
+    ]
+    for group, spec, data in sets + [("plan", m, args.plan_data) for m in args.plan]:
         key, _, path = spec.partition("=")
-        rows += rows_of(key, path, args, scorer)
+        rows += rows_of(key, path, group, data, args, scorer)
         atomic_write_text(Path(f"{args.out}.partial.json"), json.dumps({"rows": rows}, indent=2))
     meta = {
         "threads": torch.get_num_threads(),

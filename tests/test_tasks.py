@@ -32,17 +32,17 @@ class KnowsPassages(nn.Module):
     """A masked model's network that recognises its passage (the one that agrees with the
     visible tokens most) and predicts its true tokens everywhere."""
 
-    def __init__(self, passages, vocab: int) -> None:
+    def __init__(self, passages, vocab: int, sure: float = 30.0) -> None:
         super().__init__()
         self.truth = [torch.tensor(p.ids) for p in passages]
-        self.vocab, self.anchor = vocab, nn.Parameter(torch.zeros(()))
+        self.vocab, self.anchor, self.sure = vocab, nn.Parameter(torch.zeros(())), sure
 
     def forward(self, z, t, self_cond=None, **kw):
         logits = torch.zeros(*z.shape, self.vocab)
         for row, seq in enumerate(z):
             fits = [p for p in self.truth if len(p) == len(seq)]
             best = max(fits, key=lambda p: int((p == seq).sum()))
-            logits[row, torch.arange(len(seq)), best] = 30.0
+            logits[row, torch.arange(len(seq)), best] = self.sure
         return logits
 
 
@@ -118,6 +118,21 @@ def test_an_oracle_infills_and_corrects_everything_and_changes_no_correct_word(o
         assert r["revision_rounds"] == 1  # one round fixes all; the second finds nothing
 
 
+def test_a_refill_stays_only_where_it_beats_the_user_word_by_the_margin(oracle, tok):
+    """A model that prefers the original only by 1 nat per token: below the 2-nat margin its
+    refills are undone (nothing changes, nothing is restored); with no margin they stay."""
+    model, passages = oracle
+    doubtful = Model(
+        model.process, KnowsPassages(passages, len(tok), sure=1.0).eval(), tok, model.config
+    )
+    sampler = named_sampler("confidence")
+    options = {"steps": 4, "seed": 0, "rates": [0.15], "threshold": 0.5}
+    (kept,) = correct.run(doubtful, sampler, passages, margin=2.0, **options)
+    assert kept["restored"] == 0.0 and kept["changed_correct"] == 0.0
+    (free,) = correct.run(doubtful, sampler, passages, margin=0.0, **options)
+    assert free["restored"] > 0.5
+
+
 def records(path):
     return json.loads(path.read_text())
 
@@ -129,6 +144,7 @@ def records(path):
         ("tiny_fim_checkpoint", "infill", ["task.spans=[1,4]"]),
         ("tiny_fim_checkpoint", "correct", ["task.rates=[0.15]"]),
         ("tiny_masked_checkpoint", "correct", ["task.rates=[0.15]", "task.rounds=1"]),
+        ("tiny_checkpoint", "correct", ["task.rates=[0.15]", "task.rounds=1"]),
         ("tiny_checkpoint", "write", ["task.samples=2"]),
     ],
 )
@@ -160,7 +176,7 @@ def test_cdlm_eval_task_writes_its_rows(ckpt, task, options, request, tmp_path):
 def test_task_errors_name_the_problem(tiny_ar_checkpoint, tiny_checkpoint, tmp_path):
     for ckpt, task, needle in (
         (tiny_ar_checkpoint, "infill", "fim_rate"),
-        (tiny_checkpoint, "correct", "not 'gaussian'"),
+        (tiny_ar_checkpoint, "correct", "fim_rate"),
     ):
         result = run_main(
             "cdlm-eval",

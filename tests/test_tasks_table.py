@@ -53,3 +53,53 @@ def test_goal_lines_say_met_only_when_met():
     assert [line.rsplit(") ", 1)[-1] for line in lines] == ["met.", "not met.", "not met."]
     assert lines[0].startswith("Infill, 4 tokens: g token accuracy 0.500")
     assert lines[1].startswith("Infill, 4 tokens: m") and lines[2].startswith("Correct, 5%: m")
+
+
+def test_constrain_and_plan_goal_lines_compare_against_ar():
+    tasks = _script("tasks", "experiments")
+    fim = {"model": "ar", "process": "autoregressive+fim", "set": "austen"}
+    rows = [
+        fim | {"task": "constrain", "kind": "name_twice", "acceptance": 0.2},
+        {
+            "task": "constrain",
+            "kind": "name_twice",
+            "model": "m",
+            "process": "masked",
+            "acceptance": 0.4,
+            "set": "austen",
+        },
+        fim | {"task": "constrain", "kind": "end_with", "acceptance": 0.5},
+        {
+            "task": "constrain",
+            "kind": "end_with",
+            "model": "m",
+            "process": "masked",
+            "acceptance": 0.6,
+            "set": "austen",
+        },
+    ]
+    for process, sudoku, countdown in (("autoregressive", 0.2, 0.0), ("masked", 0.95, 0.3)):
+        for game, rate in (("sudoku", sudoku), ("countdown", countdown)):
+            rows.append(
+                {
+                    "task": "plan",
+                    "model": process,
+                    "process": process,
+                    "set": "plan",
+                    "game": game,
+                    "solve_rate": rate,
+                }
+            )
+    lines = tasks.goals(rows)
+    verdicts = {line.split(":")[0]: line.rsplit(") ", 1)[-1] for line in lines}
+    assert verdicts == {
+        "Constrain, name_twice": "met.",  # 0.4 >= 2 x 0.2
+        "Constrain, end_with": "not met.",
+        "Plan, sudoku": "met.",  # 0.95 >= 0.9 and >= 2 x 0.2
+        "Plan, countdown": "met.",  # AR solved none, masked some
+    }
+    rows[-2]["solve_rate"] = 0.85  # masked Sudoku below 0.9: not met even at 4x AR
+    assert (
+        "Plan, sudoku: masked solved 0.850 against AR's 0.200: goal (>= 2x and >= 0.9) not met."
+        in tasks.goals(rows)
+    )

@@ -5,9 +5,11 @@ Each corruption keeps every word's token count, so the corrupted passage lies on
 canvas and a word is judged on its own token span: restored when its tokens are the original's
 again, changed when a correct word's are not. The repair runs ``rounds`` rounds of: score every
 word with the word hidden (its tokens' mean log-probability given the rest: masked and block
-models read it with the word masked, an AR model trained to fill in the middle with the word as
-the middle of a FIM prompt), then refill the words scoring below ``log(threshold)`` with the
-sampler, both sides given. The acceptance check of a passage: every corrupted word restored and
+models read it with the word masked, gaussian models with the word at pure noise and the rest
+nearly clean (one noise level per token, as their recipe trains), an AR model trained to fill in
+the middle with the word as the middle of a FIM prompt), refill the words scoring below
+``log(threshold)`` with the sampler, both sides given, and keep a refill only where the model
+scores it ``margin`` nats above the word it replaces. The acceptance check of a passage: every corrupted word restored and
 no correct word changed; the seeds' warning holds that a fix that rewrites correct text fails.
 """
 
@@ -31,6 +33,7 @@ from cdlm.tasks.passages import Passage, lay_out, word_ids
 from cdlm.tasks.runs import CaseRuns, canvas
 
 RATES = (0.05, 0.15)
+CLEAN_LEVEL = 0.05  # gaussian scoring: the noise level of the words around the hidden one
 KINDS = ("random", "swap", "typo")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -137,9 +140,16 @@ def word_scores(model: Model, ids: list[int], spans: list[tuple[int, int]]) -> t
         n = x.shape[1]
         scores = [token[w, n + 3 - (b - a) :].mean() for w, (a, b) in enumerate(spans)]
         return torch.stack(scores)
+    if hasattr(process, "noised"):  # gaussian: the word at pure noise, the rest nearly clean
+        t = torch.where(hidden, 1.0, CLEAN_LEVEL).to(device)
+        c = process.corrupt(x, t, torch.Generator(device).manual_seed(0))
+        logp = process.predict(denoiser, c.x_t, t, process.input.self_cond_prob > 0).logits
+        token = logp.log_softmax(-1).gather(-1, x[..., None]).squeeze(-1)
+        return (token * hidden).sum(1) / hidden.sum(1)
     if not hasattr(process, "mask_id"):
         raise ValueError(
-            f"task=correct scores masked, block and FIM-trained AR models, not {process.kind!r}"
+            f"task=correct scores masked, block, gaussian and FIM-trained AR models, not "
+            f"{process.kind!r}"
         )
     z = torch.where(hidden, process.mask_id, x)
     t = torch.full((len(spans),), 0.5, device=device)
@@ -157,8 +167,12 @@ def repair(
     seed: int,
     threshold: float,
     rounds: int,
+    margin: float,
 ) -> tuple[list[int], RunStats]:
-    """The repaired canvas and its work: scoring evaluations and the refills' own, summed."""
+    """The repaired canvas and its work: scoring evaluations and the refills' own, summed.
+    A refill is kept only where it beats the word it replaces by ``margin`` nats of mean token
+    log-probability (both scored with the word hidden, after the refill): the model must prefer
+    its own word clearly, not merely find the user's unlikely."""
     ids, spans = list(case.corrupted.ids), case.corrupted.spans
     fill = fill_id(model.tokenizer)
     nfe = positions = revised = 0
@@ -181,7 +195,16 @@ def repair(
         gen, run = timed_run(model, sampler, plan)
         nfe, positions = nfe + run.nfe, positions + run.positions
         new = gen.samples[0].token_ids
+        gains = word_scores(model, new, [spans[w] for w in suspects]) - scores[suspects]
+        nfe += len(suspects)
+        positions += len(suspects) * (len(ids) + (3 if causal else 0))
+        for w, gain in zip(suspects, gains.tolist(), strict=True):
+            if gain < margin:  # not clearly better: the user's word stays
+                a, b = spans[w]
+                new[a:b] = ids[a:b]
         revised += new != ids
+        if new == ids:
+            break
         ids = new
     wall = time.perf_counter() - start
     changed = sum(x != y for x, y in zip(ids, case.corrupted.ids, strict=True))
@@ -199,6 +222,7 @@ def run(
     rates: list[float] = RATES,
     threshold: float = 0.01,
     rounds: int = 2,
+    margin: float = 2.0,
 ) -> list[dict]:
     """One row per corruption rate."""
     tok = model.tokenizer
@@ -208,6 +232,7 @@ def run(
         rng = random.Random(seed * 7919 + round(rate * 1000))
         cases = [corrupt(tok, p, rate, pool, rng) for p in passages]
         options = {"steps": steps, "seed": seed, "threshold": threshold, "rounds": rounds}
+        options["margin"] = margin
         warm = time.perf_counter()
         repair(model, sampler, cases[0], **options)
         warm = time.perf_counter() - warm
@@ -222,6 +247,7 @@ def run(
             "changed_correct": sum(c.changed for c in checks) / max(right, 1),
             "acceptance": sum(c.accepted for c in checks) / len(cases),
             "threshold": threshold,
+            "margin": margin,
             "rounds": rounds,
         }
         rows.append(row | CaseRuns([], [stats for _, stats in done], warm).work())
