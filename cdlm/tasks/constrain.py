@@ -50,11 +50,16 @@ class Case:
     kind: str
     end: int  # the words of the template: it ends where they do
     count: int = 0  # sentences: the original's sentence ends
+    head: int = 0  # name_twice: only each blanked word's first ``head`` tokens (the name)
+
+    def gap(self, w: int) -> tuple[int, int]:
+        a, b = self.passage.spans[w]
+        return (a, min(b, a + self.head)) if self.head else (a, b)
 
     def editable(self) -> list[bool]:
         marks = [False] * self.length()
         for w in self.blank:
-            a, b = self.passage.spans[w]
+            a, b = self.gap(w)
             marks[a:b] = [True] * (b - a)
         return marks
 
@@ -101,36 +106,56 @@ def _sentences(p: Passage) -> Case | None:
     return Case(p, frozenset(range(ends[0] + 1, ends[2] + 1)), "sentences", ends[2] + 1, 2)
 
 
-def _twice(p: Passage, ok: Callable[[int], bool]) -> Case | None:
-    """The first word (no line break in it) that ``ok`` takes and that recurs with the same
-    tokens: both places blanked, the template ending at the second."""
+def _twice(p: Passage, key: Callable[[int], str | None]) -> tuple[int, int, int] | None:
+    """The first two words (no line break in them) with the same ``key`` whose tokens share a
+    first run: (first place, second place, the run's length)."""
     seen: dict[str, int] = {}
     for i in range(1, len(p.words)):
-        if "\n" in p.words[i] or not ok(p.words[i].strip()):
+        k = None if "\n" in p.words[i] else key(i)
+        if k is None:
             continue
-        key = p.words[i].strip()
-        if key in seen and p.ids[slice(*p.spans[seen[key]])] == p.ids[slice(*p.spans[i])]:
-            return (seen[key], i)
-        seen.setdefault(key, i)
+        if k in seen:
+            first, second = p.ids[slice(*p.spans[seen[k]])], p.ids[slice(*p.spans[i])]
+            run = next(
+                (n for n, (x, y) in enumerate(zip(first, second, strict=False)) if x != y), None
+            )
+            run = min(len(first), len(second)) if run is None else run
+            if run:
+                return seen[k], i, run
+        seen.setdefault(k, i)
     return None
 
 
-def _name_twice(p: Passage) -> Case | None:
-    def name(w: str) -> bool:  # capitalised inside a sentence: a name, not a sentence start
-        return _alpha(w) and w[0].isupper() and len(w) >= 3
+def _name(word: str) -> bool:
+    core = word.strip().rstrip(",;:.!?")
+    return core.isalpha() and core[0].isupper() and len(core) >= 3
 
-    places = _twice(p, name)
-    if places is None or any(_ends_sentence(p.words[i - 1]) for i in places):
+
+def _name_twice(p: Passage) -> Case | None:
+    """A name used twice inside sentences; only its own tokens are blanked, the punctuation
+    after either place stays."""
+
+    def name(i: int) -> str | None:  # capitalised inside a sentence: a name
+        w = p.words[i]
+        ok = _name(w) and not _ends_sentence(p.words[i - 1])
+        return w.strip().rstrip(",;:.!?") if ok else None
+
+    found = _twice(p, name)
+    if found is None:
         return None
-    return Case(p, frozenset(places), "name_twice", places[1] + 1)
+    a, b, run = found
+    return Case(p, frozenset({a, b}), "name_twice", b + 1, head=run)
 
 
 def _code_name(p: Passage) -> Case | None:
-    def ident(w: str) -> bool:
-        return w.isidentifier() and not keyword.iskeyword(w) and len(w) > 1
+    def ident(i: int) -> str | None:
+        w = p.words[i].strip()
+        return w if w.isidentifier() and not keyword.iskeyword(w) and len(w) > 1 else None
 
-    places = _twice(p, ident)
-    return None if places is None else Case(p, frozenset(places), "code_name", places[1] + 1)
+    found = _twice(p, ident)
+    if found is None or found[2] != len(range(*p.spans[found[0]])):
+        return None  # the same identifier, token for token
+    return Case(p, frozenset(found[:2]), "code_name", found[1] + 1)
 
 
 def _lines(p: Passage) -> list[list[int]]:
@@ -193,7 +218,7 @@ def _decode(tok, ids: list[int]) -> str:
 
 def fills(case: Case, ids: list[int], tok) -> list[str]:
     """Each blanked word's text in ``ids``."""
-    return [_decode(tok, ids[slice(*case.passage.spans[w])]) for w in sorted(case.blank)]
+    return [_decode(tok, ids[slice(*case.gap(w))]) for w in sorted(case.blank)]
 
 
 def accepted(case: Case, ids: list[int], tok) -> bool:
@@ -215,11 +240,11 @@ def accepted(case: Case, ids: list[int], tok) -> bool:
     a, b = (w.strip() for w in words)
     if case.kind == "code_name":
         return a == b and a.isidentifier() and not keyword.iskeyword(a)
-    return a == b and a.isalpha() and a[0].isupper()
+    return a == b and _name(a)
 
 
 def _same(case: Case, ids: list[int], w: int) -> bool:
-    span = slice(*case.passage.spans[w])
+    span = slice(*case.gap(w))
     return ids[span] == case.passage.ids[span]
 
 
