@@ -27,7 +27,7 @@ from cdlm.evaluation.quality import load_scorer
 from cdlm.io import atomic_write_text
 from cdlm.model_file import load_model
 from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import constrain, correct, infill, plan, suite, write
+from cdlm.tasks import constrain, constraints, correct, infill, plan, suite, write
 
 GREEDY = {  # process kind -> (sampler, options, steps) for the accuracy tasks
     "autoregressive": ("ar", {"temperature": 0.0, "stop_at_eos": False}, 1),
@@ -42,7 +42,7 @@ SETS = {  # a model set -> its tasks
     "code": ("infill", "constrain", "write"),
     "plan": ("plan",),
 }
-KINDS = {"austen": constrain.TEXT_KINDS, "code": constrain.CODE_KINDS}
+KINDS = {"austen": constraints.TEXT_KINDS, "code": constraints.CODE_KINDS}
 
 
 def task_plan(kind: str, group: str, args, scorer) -> list[tuple]:

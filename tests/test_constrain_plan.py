@@ -16,7 +16,7 @@ from cdlm.io import atomic_write_text
 from cdlm.model_file import Model
 from cdlm.processes import MaskedProcess
 from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import constrain, plan
+from cdlm.tasks import constrain, constraints, plan
 from cdlm.tasks.passages import WORD, held_out, lay_out
 from tests.conftest import TINY_TRAIN, run_main
 
@@ -56,40 +56,42 @@ def words(text: str) -> list[str]:
 
 
 def test_text_constraints_accept_and_refuse_hand_built_fills(tok):
-    p = lay_out(tok, words("Then Anne said. It was so very late by then that night. She went home."))
-    case = constrain._end_with(p)
+    p = lay_out(
+        tok, words("Then Anne said. It was so very late by then that night. She went home.")
+    )
+    case = constraints._end_with(p)
     assert case is not None and p.words[case.end - 1] == " night."
-    assert constrain.accepted(case, p.ids, tok)
+    assert constraints.accepted(case, p.ids, tok)
     early = list(p.ids)  # a fill that closes its sentence before "night."
     a, b = p.spans[min(case.blank)]
     early[a:b] = tok(".")["input_ids"] * (b - a)
-    assert not constrain.accepted(case, early, tok)
+    assert not constraints.accepted(case, early, tok)
     p = lay_out(tok, words("Then Anne said it was late. She went home and Anne slept well."))
-    case = constrain._name_twice(p)
+    case = constraints._name_twice(p)
     assert case is not None and {p.words[i] for i in case.blank} == {" Anne"}
-    assert constrain.accepted(case, p.ids, tok)
+    assert constraints.accepted(case, p.ids, tok)
     ids = list(p.ids)
     a, b = p.spans[max(case.blank)]
     ids[a:b] = lay_out(tok, [" Emma"]).ids if len(lay_out(tok, [" Emma"]).ids) == b - a else [0]
-    assert not constrain.accepted(case, ids, tok)  # the two places disagree
-    case = constrain._sentences(lay_out(tok, words("Oh. Mr. Knightley came. Emma smiled. Then.")))
+    assert not constraints.accepted(case, ids, tok)  # the two places disagree
+    case = constraints._sentences(lay_out(tok, words("Oh. Mr. Knightley came. Emma smiled. Then.")))
     assert case is not None and case.count == 2  # "Mr." ends no sentence
-    assert constrain.sentence_ends("Mr. Elton came. Harriet cried! Mrs. Goddard?") == 3
+    assert constraints.sentence_ends("Mr. Elton came. Harriet cried! Mrs. Goddard?") == 3
 
 
 def test_code_constraints_check_syntax_and_the_shared_identifier(tok):
     lines = ["def f(total, step):", "    value = total + step", "    return value * value", "x"]
     p = lay_out(tok, words("\n".join(lines)))
-    case = constrain._code_line(p)
-    assert case is not None and constrain.accepted(case, p.ids, tok)
+    case = constraints._code_line(p)
+    assert case is not None and constraints.accepted(case, p.ids, tok)
     broken = list(p.ids)
     a, b = p.spans[max(case.blank)]
     broken[a:b] = lay_out(tok, [" ("]).ids * (b - a)
-    assert not constrain.accepted(case, broken, tok)
-    case = constrain._code_name(p)
+    assert not constraints.accepted(case, broken, tok)
+    case = constraints._code_name(p)
     assert case is not None and {p.words[i].strip() for i in case.blank} == {"value"}
-    assert constrain.accepted(case, p.ids, tok)
-    assert constrain._code_line(lay_out(tok, words('x\n    """A docstring line."""\ny'))) is None
+    assert constraints.accepted(case, p.ids, tok)
+    assert constraints._code_line(lay_out(tok, words('x\n    """A docstring line."""\ny'))) is None
 
 
 def test_an_oracle_meets_every_text_constraint(tok, tiny_corpus):
@@ -97,7 +99,7 @@ def test_an_oracle_meets_every_text_constraint(tok, tiny_corpus):
     passages = held_out(bare, 12, L - 4, seed=1, data_path=str(tiny_corpus))
     model = oracle_model(tok, [p.ids for p in passages], L)
     rows = constrain.run(model, named_sampler("confidence"), passages, steps=4, seed=0, scorer=None)
-    assert {r["kind"] for r in rows} <= set(constrain.TEXT_KINDS) and rows
+    assert {r["kind"] for r in rows} <= set(constraints.TEXT_KINDS) and rows
     for r in rows:
         assert r["acceptance"] == r["matches_original"] == 1.0, r
         assert r["cases"] >= 1 and r["nfe"] >= 1

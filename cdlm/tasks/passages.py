@@ -66,7 +66,7 @@ def held_out(
     tok, found = model.tokenizer, []
     for row in order[:count]:
         ids = [t for t in tokens[row].tolist() if t != tok.pad_token_id]
-        text = "\n".join(tok.decode(p) for p in _split(ids, tok.eos_token_id))
+        text = decode_lines(tok, ids)
         words, size = [], 0
         for word in WORD.findall(text)[1:-1]:
             size += len(word_ids(tok, word))
@@ -77,6 +77,11 @@ def held_out(
     if len(found) < count:
         raise ValueError(f"the validation split holds {len(found)} sequences; {count} asked for")
     return found
+
+
+def decode_lines(tokenizer, ids: list[int]) -> str:
+    """``ids`` decoded with each EOS as a line break (the line break of every corpus here)."""
+    return "\n".join(tokenizer.decode(p) for p in _split(ids, tokenizer.eos_token_id))
 
 
 def _split(ids: list[int], eos: int) -> list[list[int]]:
