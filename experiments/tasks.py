@@ -85,7 +85,9 @@ def rows_of(key: str, path: str, group: str, data: str | None, args, scorer) -> 
                 sampler,
                 steps=n,
                 seed=args.seed,
-                cases=args.cases,
+                cases={"correct": args.correct_cases, "plan": args.plan_cases}.get(
+                    task, args.cases
+                ),
                 scorer=task_scorer,
                 data_path=data,
                 load_seconds=load,
@@ -281,6 +283,10 @@ def main() -> None:
     parser.add_argument("--code-data", help="the code corpus the code set trained on")
     parser.add_argument("--plan-data", help="the puzzle file the plan set trained on")
     parser.add_argument("--cases", type=int, default=32)
+    parser.add_argument("--plan-cases", type=int, default=64, help="puzzles, both games")
+    parser.add_argument(
+        "--correct-cases", type=int, default=12, help="correct scores every word: the dearest task"
+    )
     parser.add_argument("--spans", type=int, nargs="+", default=list(infill.SPANS))
     parser.add_argument("--rates", type=float, nargs="+", default=list(correct.RATES))
     parser.add_argument("--samples", type=int, default=16)
@@ -304,6 +310,8 @@ def main() -> None:
     meta = {
         "threads": torch.get_num_threads(),
         "cases": args.cases,
+        "correct_cases": args.correct_cases,
+        "plan_cases": args.plan_cases,
         "seed": args.seed,
         "command": " ".join(sys.argv),
     }

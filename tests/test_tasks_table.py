@@ -12,7 +12,7 @@ def test_the_script_writes_rows_and_tables(tiny_fim_checkpoint, tiny_masked_chec
     out = tmp_path / "tasks"
     argv = ["tasks.py", f"--model=ar-fim={tiny_fim_checkpoint}"]
     argv += [f"--model=masked={tiny_masked_checkpoint}", "--cases=2", "--spans", "1", "4"]
-    argv += ["--rates", "0.15", "--samples=2", "--scorer=none", f"--out={out}"]
+    argv += ["--rates", "0.15", "--correct-cases=2", "--samples=2", "--scorer=none", f"--out={out}"]
     old, sys.argv = sys.argv, argv
     try:
         tasks.main()
