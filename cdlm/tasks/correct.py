@@ -176,12 +176,13 @@ def repair(
     ids, spans = list(case.corrupted.ids), case.corrupted.spans
     fill = fill_id(model.tokenizer)
     nfe = positions = revised = 0
+    causal = getattr(model.process, "causal", False)
+    width = len(ids) + (3 if causal else 0)  # a scored row's positions (AR: FIM sentinels, BOS)
     start = time.perf_counter()
     for r in range(rounds):
         scores = word_scores(model, ids, spans)
         nfe += len(spans)
-        causal = getattr(model.process, "causal", False)
-        positions += len(spans) * (len(ids) + (3 if causal else 0))  # AR: the FIM sentinels, BOS
+        positions += len(spans) * width
         suspects = [w for w, s in enumerate(scores.tolist()) if s < math.log(threshold)]
         if not suspects:
             break
@@ -197,7 +198,7 @@ def repair(
         new = gen.samples[0].token_ids
         gains = word_scores(model, new, [spans[w] for w in suspects]) - scores[suspects]
         nfe += len(suspects)
-        positions += len(suspects) * (len(ids) + (3 if causal else 0))
+        positions += len(suspects) * width
         for w, gain in zip(suspects, gains.tolist(), strict=True):
             if gain < margin:  # not clearly better: the user's word stays
                 a, b = spans[w]
