@@ -29,7 +29,9 @@ def describe(node: Any) -> str:
         args = ", ".join(
             f"{k}={describe(v)}"
             for k, v in node.items()
-            if not k.startswith("_") and v is not None and k not in ("vocab_size", "mask_id")
+            if not k.startswith("_")
+            and v is not None
+            and k not in ("vocab_size", "mask_id", "base")
         )
         if target is None:
             return "{" + args + "}"
@@ -87,7 +89,13 @@ def render_card(config: dict, facts: dict, ref: str) -> str:
     training = facts.get("training", {})
     network = config.get("network", {})
     labels = config.get("labels") or []
+    base = config.get("base")
     out = [FRONT_MATTER.format(kind=kind)]
+    if base:  # the Hub's fields for a derived model: its base and the base's licence
+        extra = f"base_model: {base['source']}\n" + (
+            f"license: {base['license']}\n" if base.get("license") else ""
+        )
+        out[0] = out[0][: -len("---\n")] + extra + "---\n"
     out.append(f"# cdlm {kind} language model\n")
     out.append(
         f"A {kind} language model trained with cdlm. Weights, configs and tokenizer: "
@@ -102,6 +110,11 @@ def render_card(config: dict, facts: dict, ref: str) -> str:
     out.append("## Model\n\n| | |\n|---|---|")
     out.append(f"| process | `{describe(config.get('process', {}))}` |")
     out.append(f"| network | `{describe(network)}` |")
+    if base:
+        out.append(
+            f"| base model | {base['name']} (`{base['source']}`), adapted; its licence: "
+            f"{base.get('license') or 'not recorded, see the base'} |"
+        )
     if "parameters" in facts:
         out.append(f"| parameters | {_millions(facts['parameters'])} |")
     out.append(f"| sequence length | {config.get('seq_len')} tokens |")

@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm.model_file import ModelFileError, check_model_file
+from cdlm import pretrained
+from cdlm.model_file import check_model_file
 
 
 class UsageError(ValueError):
@@ -110,12 +111,16 @@ def check(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
             rule.check(key, value)
 
 
-def require_model_file(path: Any) -> None:
-    """A ``UsageError`` unless ``path`` can be a cdlm model file: found before Hydra starts, and
+def require_model_file(path: Any, base_ok: bool = False) -> None:
+    """A ``UsageError`` unless ``path`` can be a cdlm model file (or, with ``base_ok``, names a
+    pretrained causal LM that exists: ``cdlm.pretrained``): found before Hydra starts, and
     before cdlm-eval loads its scorer."""
     try:
+        if base_ok and pretrained.is_base(path):
+            pretrained.resolve(path)
+            return
         check_model_file(path)
-    except ModelFileError as e:
+    except ValueError as e:  # a ModelFileError among them
         raise UsageError(str(e)) from None
 
 

@@ -95,7 +95,7 @@ def validate_files(cfg: DictConfig) -> None:
     """resume= is auto or a whole Lightning checkpoint; init_from= and teacher= are model files."""
     for key in ("init_from", "teacher"):
         if cfg.get(key):
-            require_model_file(cfg[key])
+            require_model_file(cfg[key], base_ok=key == "init_from")
     resume = cfg.resume
     if resume is None or resume == "auto":
         return

@@ -68,8 +68,26 @@ def corpus_bpe(
 
 def pretrained(name_or_path: str) -> PreTrainedTokenizerBase:
     """Any HF tokenizer; adds pad/eos/mask tokens where it lacks them (e.g. GPT-2 has no pad)."""
-    tok = AutoTokenizer.from_pretrained(name_or_path)
+    return with_specials(AutoTokenizer.from_pretrained(name_or_path))
+
+
+def with_specials(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tok`` with cdlm's pad/eos/mask tokens added where it has none (in place): a pretrained
+    model's tokenizer gets [MASK] this way, and the model's embeddings grow to match."""
     missing = {k: v for k, v in SPECIAL_TOKENS.items() if getattr(tok, k) is None}
     if missing:
         tok.add_special_tokens(missing)
+    return tok
+
+
+def for_base(tok: PreTrainedTokenizerBase, mask: bool) -> PreTrainedTokenizerBase:
+    """A pretrained model's tokenizer made ready for a process (in place): padding is its EOS
+    where it has none, and a [MASK] token is added only when the process needs one, so that an
+    AR model keeps the base's vocabulary (and its logits) exactly."""
+    if tok.eos_token is None:
+        raise ValueError("the base's tokenizer has no EOS token, which cdlm's data needs")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if mask and tok.mask_token is None:
+        tok.add_special_tokens({"mask_token": SPECIAL_TOKENS["mask_token"]})
     return tok

