@@ -80,6 +80,13 @@ def _measured(facts: dict, ref: str) -> list[str]:
     return lines
 
 
+def _start(base: dict) -> str:
+    """How a model derived from a base started: its weights, or only its architecture."""
+    return (
+        "architecture only, trained from scratch" if base.get("weights") == "random" else "adapted"
+    )
+
+
 def render_card(config: dict, facts: dict, ref: str) -> str:
     """The README.md of a model folder. ``config``: the model's stored configs (process,
     network, seq_len, labels); ``facts``: ``process`` (kind), ``parameters``, ``vocab``,
@@ -92,7 +99,7 @@ def render_card(config: dict, facts: dict, ref: str) -> str:
     base = config.get("base")
     out = [FRONT_MATTER.format(kind=kind)]
     if base:  # the Hub's fields for a derived model: its base and the base's licence
-        extra = f"base_model: {base['source']}\n" + (
+        extra = f"base_model: {base.get('hub_id') or base['source']}\n" + (
             f"license: {base['license']}\n" if base.get("license") else ""
         )
         out[0] = out[0][: -len("---\n")] + extra + "---\n"
@@ -112,7 +119,7 @@ def render_card(config: dict, facts: dict, ref: str) -> str:
     out.append(f"| network | `{describe(network)}` |")
     if base:
         out.append(
-            f"| base model | {base['name']} (`{base['source']}`), adapted; its licence: "
+            f"| base model | {base['name']} (`{base['source']}`), {_start(base)}; its licence: "
             f"{base.get('license') or 'not recorded, see the base'} |"
         )
     if "parameters" in facts:

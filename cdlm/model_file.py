@@ -23,9 +23,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
-from cdlm import hub
-from cdlm.data.tokenizer import serialise, wrap
+from cdlm import hub, pretrained
+from cdlm.data.tokenizer import for_base, serialise, wrap
 from cdlm.io import atomic_path
+from cdlm.networks.causal_lm import CausalLM, base_config
+from cdlm.processes.autoregressive import AutoregressiveProcess
 
 FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
@@ -199,7 +201,10 @@ def load_model(
     path: str | Path, device: str | torch.device = "cpu", revision: str | None = None
 ) -> Model:
     """A model from a ``.safetensors`` file, a model folder (``save_pretrained``, a cdlm-train
-    run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit)."""
+    run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit); or a
+    pretrained causal LM (``hf:...``, ``smollm2``: ``base_model``)."""
+    if pretrained.is_base(str(path)):
+        return base_model(str(path), device)
     path, facts = _local(path, revision)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -220,6 +225,38 @@ def load_model(
             raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
+
+
+def base_model(spec: str, device: str | torch.device = "cpu", seq_len: int = 128) -> Model:
+    """A pretrained causal LM as cdlm's AR model, untrained: the base itself, KV-cached by the AR
+    sampler, so that speed and quality comparisons against it are like for like
+    (``cdlm-eval ckpt=smollm2``). ``seq_len``: the canvas length samplers draw by default."""
+    base = pretrained.resolve(spec)
+    lm, tokenizer = pretrained.load(base, device)
+    tokenizer = for_base(tokenizer, mask=False)
+    process = AutoregressiveProcess(len(tokenizer), tokenizer.eos_token_id)
+    kwargs = process.network_kwargs | {
+        "base": base_config(lm),
+        "max_seq_len": lm.config.max_position_embeddings,
+    }
+    network = CausalLM(**kwargs)
+    network.load_base(lm)
+    config = {
+        "process": {
+            "_target_": _qualname(process),
+            "vocab_size": len(tokenizer),
+            "bos_id": tokenizer.eos_token_id,
+        },
+        "network": {"_target_": _qualname(network)} | kwargs,
+        "seq_len": seq_len,
+        "labels": [],
+        "base": base.record() | {"weights": "base"},
+    }
+    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
+
+
+def _qualname(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def from_pretrained(

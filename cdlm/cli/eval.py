@@ -218,8 +218,8 @@ def usage() -> str:
         f"{__doc__}\n\nPATH: a cdlm-train run folder, a model folder, a model.safetensors or a "
         f"Hugging Face Hub id. Options (key=value), from conf/eval.yaml:\n\n{options}\n"
         f"The default scorer (gen-PPL under SmolLM2-135M, offline) installs with one command:\n"
-        f"  {SCORER_INSTALL}\n(or scorer=none to skip gen-PPL, scorer=<HF causal LM> for "
-        "another)\n"
+        f"  {SCORER_INSTALL}\n(or scorer=none to skip gen-PPL; scorer=gemma3_270m, an "
+        "independent judge of SmolLM2-based models; scorer=hf:<hub id or folder>)\n"
     )
 
 

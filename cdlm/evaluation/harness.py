@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity
+from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, scorer_is_base
 from cdlm.evaluation.speed import measure
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
@@ -119,6 +119,14 @@ def evaluate_checkpoint(
     choice = choose(model.process, model.config, steps, sampler)
     if choice.note:
         print(f"cdlm-eval: {choice.note}", file=sys.stderr)
+    judged_by_base = scorer is not None and scorer_is_base(scorer.name, model.config.get("base"))
+    if judged_by_base:
+        print(
+            f"cdlm-eval: warning: the scorer {scorer.name} is of the family of this model's base "
+            f"({model.config['base']['name']}), which flatters its gen-PPL; an independent "
+            "scorer: scorer=gemma3_270m (docs/evaluation.md)",
+            file=sys.stderr,
+        )
     check_whole_canvases(choice.sampler, cut_at_eos)
     plan = Plan(
         num_samples=num_samples,
@@ -150,6 +158,7 @@ def evaluate_checkpoint(
         "speed": speed.as_dict(),
         "quality": {
             "scorer": scorer.name if scorer else None,
+            "scorer_is_base": judged_by_base,
             "samples": text_quality(
                 [s.token_ids for s in samples], [s.text for s in samples], scorer
             ),

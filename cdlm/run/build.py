@@ -108,19 +108,23 @@ def build_from_base(cfg: DictConfig) -> Parts:
     data.setup("fit")
     process_kwargs = token_ids(cfg.process, tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
-    network_cfg = (
-        cfg.network if cfg.network.get("_target_") == CAUSAL_LM else {"_target_": CAUSAL_LM}
-    )
+    network_cfg = {"_target_": CAUSAL_LM}
+    if cfg.network.get("_target_") == CAUSAL_LM:
+        network_cfg = OmegaConf.to_container(cfg.network, resolve=True)
+    weights = network_cfg.pop("weights", "base")
+    if weights not in ("base", "random"):
+        raise ValueError(f"network.weights must be base or random, got {weights!r}")
     network_kwargs = process.network_kwargs | {
         "base": base_config(model),
         "max_seq_len": cfg.data.seq_len + 1,
         "num_classes": len(data.labels) if cfg.condition.labels else 0,
     }
     network = instantiate(network_cfg, **network_kwargs)
-    network.load_base(model)
+    if weights == "base":
+        network.load_base(model)
     config = model_config(cfg, process_kwargs, network_kwargs, data.labels)
-    config["network"] = OmegaConf.to_container(OmegaConf.create(network_cfg)) | network_kwargs
-    config["base"] = base.record()
+    config["network"] = network_cfg | network_kwargs
+    config["base"] = base.record() | {"weights": weights}
     extra = {"log_prior": data.log_unigram(), "model_config": config}
     return Parts(data, process, network, extra)
 
