@@ -20,3 +20,5 @@ run block4_scratch 30 process=block process.block_size=4 network=causal_lm netwo
   optimizer.lr=5e-4  # a from-scratch learning rate for a 135M model (adaptation: 1e-4)
 run masked_adapted 15 process=masked process.shift=true phases.ar=0 phases.anneal=0.2 \
   optimizer.lr=1e-4
+run two_tower_adapted 15 process=block process.block_size=4 network=two_tower process.ar_weight=0 \
+  optimizer.lr=1e-4

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction
+from cdlm.networks.two_tower import stream_flags
 from cdlm.processes.base import LossOutput, next_token_loss, valid_mask
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.time_samplers import stratified_times
@@ -135,6 +136,7 @@ class BlockDenoiser(MaskedDenoiser):
         inputs = torch.cat([noisy_in, self.window_inputs(clean, pos)], dim=1)
         mask = vectorised_mask(length, self.block_size, self.causal_clean, device)
         zeros = torch.zeros(z.shape[0], device=device)
+        kwargs |= stream_flags(self.network, length, length, clean_first=False, device=device)
         out = self.network(inputs, zeros, positions=pos.repeat(2), attn_mask=mask, **kwargs)
         return out[:, :length], out[:, length:]
 
@@ -155,6 +157,7 @@ class BlockDenoiser(MaskedDenoiser):
         mask = chunk_mask(past, clean, len(positions), self.block_size, self.causal_clean)
         zeros = torch.zeros(z.shape[0], device=device)
         at = torch.cat([clean, positions])
+        kwargs |= stream_flags(self.network, len(clean), len(positions), True, device)
         out = self.network(inputs, zeros, positions=at, attn_mask=mask, cache=cache, **kwargs)
         if cache is not None and not cache.frozen:
             cache.truncate(start)  # the clean past is kept; the window changes every step

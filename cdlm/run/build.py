@@ -93,6 +93,7 @@ def build(cfg: DictConfig) -> Parts:
 
 
 CAUSAL_LM = "cdlm.networks.causal_lm.CausalLM"
+TWO_TOWER = "cdlm.networks.two_tower.TwoTower"  # network=two_tower, process=block
 
 
 def build_from_base(cfg: DictConfig) -> Parts:
@@ -109,7 +110,7 @@ def build_from_base(cfg: DictConfig) -> Parts:
     process_kwargs = token_ids(cfg.process, tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
     network_cfg = {"_target_": CAUSAL_LM}
-    if cfg.network.get("_target_") == CAUSAL_LM:
+    if cfg.network.get("_target_") in (CAUSAL_LM, TWO_TOWER):
         network_cfg = OmegaConf.to_container(cfg.network, resolve=True)
     weights = network_cfg.pop("weights", "base")
     if weights not in ("base", "random"):
