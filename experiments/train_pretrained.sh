@@ -16,7 +16,7 @@ run() {  # NAME MINUTES OVERRIDES...
     "$@" hydra.run.dir="$OUT/$name"
 }
 run block4_adapted 30 process=block process.block_size=4 optimizer.lr=1e-4
-run block4_scratch 30 process=block process.block_size=4 network=causal_lm network.weights=random \
+run block4_scratch 15 process=block process.block_size=4 network=causal_lm network.weights=random \
   optimizer.lr=5e-4  # a from-scratch learning rate for a 135M model (adaptation: 1e-4)
 run masked_adapted 15 process=masked process.shift=true phases.ar=0 phases.anneal=0.2 \
   optimizer.lr=1e-4

@@ -356,3 +356,23 @@ def test_a_two_tower_model_trains_and_samples_from_the_cli(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
+
+
+def test_a_fresh_deep_network_trains_its_pad_row_with_finite_gradients():
+    """The base's pad token is often cdlm's BOS/EOS: a fresh init's zero pad row froze it, and
+    made the gradient there overflow through 30 RMSNorms (NaN on SmolLM2's architecture)."""
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=30,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        pad_token_id=2,
+    ).to_dict()
+    net = CausalLM(config, 50, in_vocab=50, causal=True)
+    table = net.lm.get_input_embeddings()
+    assert table.padding_idx is None and table.weight[2].abs().sum() > 0
+    x = torch.tensor([[2, 5, 7, 9, 2, 4]])
+    net(x, torch.zeros(1)).logsumexp(-1).sum().backward()
+    assert torch.isfinite(table.weight.grad).all() and table.weight.grad[2].abs().sum() > 0

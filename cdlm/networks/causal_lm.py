@@ -89,6 +89,14 @@ class CausalLM(AttentionPattern, nn.Module):
                 f"({config.vocab_size}); build through init_from=hf:..., which grows it"
             )
         self.lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        table = self.lm.get_input_embeddings()
+        if table.padding_idx is not None:
+            # cdlm starts and separates sequences with the EOS, often the base's pad token: its
+            # row must train, and a zero row (the fresh init's) makes the gradient at that
+            # position blow up through every RMSNorm of a deep network (NaN at 30 layers)
+            with torch.no_grad():
+                table.weight[table.padding_idx].normal_(0.0, config.initializer_range)
+            table.padding_idx = None
         self.causal, self.max_seq_len, self.num_classes = causal, max_seq_len, num_classes
         self.future_visibility = 1.0
         self.self_condition = False
