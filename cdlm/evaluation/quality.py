@@ -69,13 +69,16 @@ class GenPPL:
 
 @torch.no_grad()
 def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8) -> GenPPL:
-    """Re-tokenises each text with the scorer's tokenizer and scores every token after the first
-    (the first is context, so no BOS convention biases the figure). Log-softmax runs in float64:
-    in lower precision the tail mass of rare tokens is lost and perplexity looks better than it
-    is."""
+    """Re-tokenises each text with the scorer's tokenizer and scores every token after the
+    text's first (the first is context, so no BOS convention biases the figure), after the
+    special tokens the scorer's tokenizer itself puts first (Gemma's ``<bos>``, without which
+    Gemma scores real text in the hundreds). Log-softmax runs in float64: in lower precision the
+    tail mass of rare tokens is lost and perplexity looks better than it is."""
     device = next(scorer.model.parameters()).device
+    lead = _leading_specials(scorer.tokenizer)
     encoded = [scorer.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    keep = [ids for ids in encoded if len(ids) >= 2]
+    keep = [lead + ids for ids in encoded if len(ids) >= 2]
+    skip = len(lead)  # targets 0..skip-1 are the text's first token and the specials' own
     total_nll, total = 0.0, 0
     for start in range(0, len(keep), batch_size):
         chunk = keep[start : start + batch_size]
@@ -88,10 +91,19 @@ def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8)
         logits = scorer.model(input_ids=ids, attention_mask=valid.long()).logits
         logp = logits[:, :-1].double().log_softmax(-1)
         nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        total_nll += float(nll[valid[:, 1:]].sum())
-        total += int(valid[:, 1:].sum())
+        scored = valid[:, 1:].clone()
+        scored[:, :skip] = False
+        total_nll += float(nll[scored].sum())
+        total += int(scored.sum())
     ppl = math.exp(total_nll / total) if total else math.nan
     return GenPPL(ppl=ppl, scored_tokens=total, skipped=len(texts) - len(keep))
+
+
+def _leading_specials(tokenizer) -> list[int]:
+    """The ids a tokenizer puts before every text by default (a BOS), found by encoding."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    return full[: len(full) - len(plain)] if full[len(full) - len(plain) :] == plain else []
 
 
 def token_entropy(token_lists: list[list[int]]) -> float:
