@@ -98,7 +98,7 @@ class Reader:
             a, mid = seq.index(IDS.suffix) - 2, seq.index(IDS.middle)
             if mid == len(seq) - 1 and row == 0:
                 self.prompts.append(seq)
-            logits[row, -1, self.doc[a + len(seq) - mid - 1]] = 10.0
+            logits[row, -1, self.doc[a + len(seq) - mid - 1]] = 50.0  # a sure draw at T=1
         return Prediction(logits=logits)
 
 
