@@ -139,9 +139,29 @@ class AttentionPattern:
         return causal | (torch.rand(length, length, device=device) < self.future_visibility)
 
     def _attention(
+        self,
+        length: int,
+        cache: KVCache | None,
+        device: torch.device,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor | None, bool]:
+        """The (mask, is_causal) pair for a chunk of ``length`` queries; see ``KVCache``. A
+        caller's ``attn_mask`` ((L, T + L) bool, T cached positions) replaces the pattern."""
+        mask, is_causal = self._pattern(length, cache, device)
+        if attn_mask is None:
+            return mask, is_causal
+        past = 0 if cache is None else cache.length
+        if tuple(attn_mask.shape) != (length, past + length):
+            raise ValueError(
+                f"attn_mask must be (L, T + L) = ({length}, {past + length}) for a chunk of "
+                f"{length} after {past} cached positions, got {tuple(attn_mask.shape)}"
+            )
+        return attn_mask, False
+
+    def _pattern(
         self, length: int, cache: KVCache | None, device: torch.device
     ) -> tuple[Tensor | None, bool]:
-        """The (mask, is_causal) pair for a chunk of ``length`` queries; see ``KVCache``."""
+        """The network's own (mask, is_causal): causal or annealed, or the cache's chunk mask."""
         if cache is None:
             return self._annealed_mask(length, device), self.causal
         if not self.causal and self.training and self.future_visibility < 1.0:

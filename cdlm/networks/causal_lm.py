@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from cdlm.networks.cache import AttentionPattern, KVCache, check_positions
+from cdlm.networks.embedding import LabelEmbedding, refuse_labels
 
 
 class LayerCaches:
@@ -99,15 +100,13 @@ class CausalLM(AttentionPattern, nn.Module):
             table.padding_idx = None
         self.causal, self.max_seq_len, self.num_classes = causal, max_seq_len, num_classes
         self.future_visibility = 1.0
-        self.self_condition = False
         self._cache_kw = _cache_keyword(self.lm.model.layers[0])
         if gradient_checkpointing:
             self.lm.gradient_checkpointing_enable()
         if lora_rank > 0:
             self._add_lora(lora_rank, lora_alpha)
         if num_classes > 0:
-            self.label_embed = nn.Embedding(num_classes + 1, config.hidden_size)
-            nn.init.zeros_(self.label_embed.weight)
+            self.label_embed = LabelEmbedding(num_classes, config.hidden_size)
 
     def _add_lora(self, rank: int, alpha: float) -> None:
         """LoRA adapters in place (the module tree keeps its paths); only they train."""
@@ -150,12 +149,9 @@ class CausalLM(AttentionPattern, nn.Module):
         else:
             h = table(x)
         if self.num_classes > 0:
-            if label is None:
-                label = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-            lab = torch.where(label < 0, self.num_classes, label)
-            h = h + self.label_embed(lab)[:, None].to(h.dtype)
-        elif label is not None and bool((label >= 0).any()):
-            raise ValueError("this network was trained without labels (num_classes=0)")
+            h = h + self.label_embed.of(label, x.shape[0], x.device)[:, None].to(h.dtype)
+        else:
+            refuse_labels(label)
         return h
 
     def forward(
@@ -177,14 +173,7 @@ class CausalLM(AttentionPattern, nn.Module):
             pos = torch.arange(start, start + length, device=x.device)[None]
         else:
             pos = start if start.dim() == 2 else start[None]
-        mask, is_causal = self._attention(length, cache, x.device)
-        if attn_mask is not None:
-            if tuple(attn_mask.shape) != (length, past + length):
-                raise ValueError(
-                    f"attn_mask must be (L, T + L) = ({length}, {past + length}), got "
-                    f"{tuple(attn_mask.shape)}"
-                )
-            mask, is_causal = attn_mask, False
+        mask, is_causal = self._attention(length, cache, x.device, attn_mask)
         h = self._embed(x, label)
         body = self.lm.model
         rotary = body.rotary_emb(h, position_ids=pos)

@@ -1,4 +1,5 @@
-"""Learned token embeddings for embedding diffusion, and their nearest-embedding readout."""
+"""Learned token embeddings for embedding diffusion, and their nearest-embedding readout; the
+class-label embedding every conditional network shares."""
 
 from __future__ import annotations
 
@@ -37,3 +38,25 @@ class NormalizedEmbedding(nn.Module):
     def nearest(self, x: Tensor) -> Tensor:
         """(B, L, D) -> (B, L) ids of the nearest embeddings."""
         return self.logits(x).argmax(-1)
+
+
+class LabelEmbedding(nn.Embedding):
+    """One vector per class plus one for "no label" (label -1 or None), zero at start so that
+    training begins from the unconditional network (classifier-free guidance trains both)."""
+
+    def __init__(self, num_classes: int, dim: int) -> None:
+        super().__init__(num_classes + 1, dim)
+        nn.init.zeros_(self.weight)
+        self.num_classes = num_classes
+
+    def of(self, label: Tensor | None, batch: int, device: torch.device) -> Tensor:
+        """(B, dim): each row's label vector; None means no label for every row."""
+        if label is None:
+            label = torch.full((batch,), -1, dtype=torch.long, device=device)
+        return self(torch.where(label < 0, self.num_classes, label))
+
+
+def refuse_labels(label: Tensor | None) -> None:
+    """An unconditional network's check: a real label (>= 0) is an error, not ignored."""
+    if label is not None and bool((label >= 0).any()):
+        raise ValueError("this network was trained without labels (num_classes=0)")

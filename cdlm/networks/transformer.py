@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.networks.cache import AttentionPattern, KVCache, LayerCache, check_positions
+from cdlm.networks.embedding import LabelEmbedding, refuse_labels
 
 
 def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
@@ -166,9 +167,7 @@ class Transformer(AttentionPattern, nn.Module):
         )
         self.num_classes = num_classes
         if num_classes > 0:
-            # Zero init: training starts from the unconditional network.
-            self.label_embed = nn.Embedding(num_classes + 1, d_model)
-            nn.init.zeros_(self.label_embed.weight)
+            self.label_embed = LabelEmbedding(num_classes, d_model)
         self.rotary = Rotary(d_model // n_heads, max_seq_len)
         self.blocks = nn.ModuleList(
             Block(d_model, n_heads, mlp_ratio, dropout) for _ in range(n_layers)
@@ -212,19 +211,10 @@ class Transformer(AttentionPattern, nn.Module):
             h = self.in_proj(x)
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
         if self.num_classes > 0:
-            if label is None:
-                label = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-            c = c + self.label_embed(torch.where(label < 0, self.num_classes, label)).to(c.dtype)
-        elif label is not None and bool((label >= 0).any()):
-            raise ValueError("this network was trained without labels (num_classes=0)")
-        mask, is_causal = self._attention(length, cache, x.device)
-        if attn_mask is not None:
-            if tuple(attn_mask.shape) != (length, past + length):
-                raise ValueError(
-                    f"attn_mask must be (L, T + L) = ({length}, {past + length}) for a chunk of "
-                    f"{length} after {past} cached positions, got {tuple(attn_mask.shape)}"
-                )
-            mask, is_causal = attn_mask, False
+            c = c + self.label_embed.of(label, x.shape[0], x.device).to(c.dtype)
+        else:
+            refuse_labels(label)
+        mask, is_causal = self._attention(length, cache, x.device, attn_mask)
         write = cache is not None and not cache.frozen
         for i, block in enumerate(self.blocks):
             layer = None if cache is None else cache[i]

@@ -59,8 +59,7 @@ class TwoTower(nn.Module):
         self.context = CausalLM(base, out_dim, in_vocab, causal=True, **context_kwargs)
         self.denoiser = CausalLM(base, out_dim, in_vocab, causal=False, **kwargs)
         self.context.requires_grad_(False)
-        self.num_classes, self.self_condition = self.denoiser.num_classes, False
-        self.max_seq_len = self.denoiser.max_seq_len
+        self.num_classes = self.denoiser.num_classes  # labels go to the denoiser tower
 
     def train(self, mode: bool = True) -> TwoTower:
         super().train(mode)
