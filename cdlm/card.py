@@ -129,6 +129,8 @@ def render_card(config: dict, facts: dict, ref: str) -> str:
         out.append(f"| vocabulary | {facts['vocab']} tokens |")
     if labels and network.get("num_classes"):
         out.append(f"| labels | {', '.join(labels)} (classifier-free guidance: `guidance.scale`) |")
+    if "sampler" in facts:
+        out.append(f"| default sampler | `{facts['sampler']}` (cdlm-sample with no `sampler=`) |")
     if config.get("distillation"):
         out.append(f"| distillation | `{describe(config['distillation'])}` |")
     out.append("\n## Training\n\n| | |\n|---|---|")

@@ -103,6 +103,32 @@ class SelfConditioned(Wrapper):
         return pred
 
 
+class SelfCondGuided(Wrapper):
+    """Self-conditioning guidance (ELF, Hu et al. 2026): the prediction with the previous
+    estimate and the one without it (the network's zero input, as trained for the unconditioned
+    share of batches), mixed as classifier-free guidance, uncond + scale (cond - uncond), on the
+    logits and the x0 estimate. Two network passes per call once an estimate exists; scale 1 is
+    plain self-conditioning, 0 none. Sits inside ``SelfConditioned``, which supplies it."""
+
+    def __init__(self, denoiser: Denoiser, scale: float) -> None:
+        if scale < 0:
+            raise ValueError(f"self_cond_scale must be >= 0, got {scale}")
+        self.denoiser, self.scale = denoiser, float(scale)
+
+    def __call__(
+        self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs
+    ) -> Prediction:
+        if self_cond is None or self.scale == 1.0:
+            return self.denoiser(x_t, t, self_cond, **kwargs)
+        uncond = self.denoiser(x_t, t, None, **kwargs)
+        if self.scale == 0.0:
+            return uncond
+        cond = self.denoiser(x_t, t, self_cond, **kwargs)
+        w = self.scale
+        logits = (uncond.logits + w * (cond.logits - uncond.logits)).log_softmax(-1)
+        return Prediction(logits=logits, x0=uncond.x0 + w * (cond.x0 - uncond.x0))
+
+
 class ClampToEmbeddings(Wrapper):
     """Replaces the x0 estimate by the embedding of its argmax token at every step
     (the "clamping trick" of Diffusion-LM, Li et al. 2022, Sec. 4.2)."""
@@ -116,3 +142,32 @@ class ClampToEmbeddings(Wrapper):
         pred = self.denoiser(x_t, t, self_cond, **kwargs)
         x0 = self.embedding(pred.logits.argmax(-1)).to(pred.x0.dtype)
         return Prediction(x0=x0, logits=pred.logits)
+
+
+class HoldFixed(Wrapper):
+    """Replaces the fixed positions of x_t by the correctly noised ground truth
+    alpha(t) x0 + sigma(t) noise before each call, and the prediction there by the truth
+    (replacement-based inpainting, Song et al. 2021, App. I.2; Diffusion-LM infilling). With
+    ``positions`` the call covers those columns of the canvas only."""
+
+    def __init__(
+        self,
+        denoiser: Denoiser,
+        schedule,
+        ids: Tensor,
+        fixed: Tensor,
+        x0: Tensor,
+        noise: Tensor,
+    ) -> None:
+        self.denoiser, self.schedule, self.fixed = denoiser, schedule, fixed[..., None]
+        self.ids, self.x0, self.noise = ids, x0, noise
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        at = kwargs.get("positions")
+        fixed, ids, x0 = (columns(v, at) for v in (self.fixed, self.ids, self.x0))
+        alpha, sigma = per_position(self.schedule.alpha(t)), per_position(self.schedule.sigma(t))
+        held = (alpha * x0 + sigma * columns(self.noise, at)).to(x_t.dtype)
+        pred = self.denoiser(torch.where(fixed, held, x_t), t, self_cond, **kwargs)
+        x0_hat = torch.where(fixed, x0.to(pred.x0.dtype), pred.x0)
+        onehot = torch.full_like(pred.logits, -1e9).scatter_(-1, ids[..., None], 0.0)
+        return Prediction(logits=torch.where(fixed, onehot, pred.logits), x0=x0_hat)

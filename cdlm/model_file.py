@@ -57,6 +57,7 @@ class Model:
         modules = (self.process, self.network)
         n = sum(p.numel() for m in modules for p in m.parameters())
         own = {"process": self.process.kind, "parameters": n, "vocab": len(self.tokenizer)}
+        own["sampler"] = self.process.default_sampler
         return own | self.facts
 
     def save_pretrained(self, folder: str | Path, ref: str | None = None) -> Path:

@@ -96,8 +96,9 @@ def test_ddim_to_is_the_probability_flow_of_gaussian_data():
     assert fine < 1e-2 and 0.45 < fine / coarse < 0.55
 
 
-def test_progressive_target_makes_one_student_step_equal_two_teacher_steps():
-    """One DDIM step with the target as x0 lands exactly where two teacher DDIM steps land, both
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_progressive_target_makes_one_student_step_equal_k_teacher_steps(k):
+    """One DDIM step with the target as x0 lands exactly where k teacher DDIM steps land, all
     taken with the update written out in this file (``ddim_step``)."""
     process = gaussian_process()
     teacher = ExactTeacher(process)
@@ -106,18 +107,20 @@ def test_progressive_target_makes_one_student_step_equal_two_teacher_steps():
     for i in range(1, 9):  # every interval of an 8-step student grid, the last ending at 0
         t = torch.full((64,), i / 8, dtype=torch.float64)
         t_end = torch.full((64,), (i - 1) / 8, dtype=torch.float64)
-        t_mid = (t + t_end) / 2
-        target = progressive_target(teacher, process, z, t, t_mid, t_end)
-        z_mid = ddim_step(process, z, teacher(z, t).x0, t, t_mid)
-        two = ddim_step(process, z_mid, teacher(z_mid, t_mid).x0, t_mid, t_end)
+        target = progressive_target(teacher, process, z, t, t_end, k)
+        walked = z
+        for j in range(k):
+            here, there = t - (j / k) / 8, t - ((j + 1) / k) / 8
+            walked = ddim_step(process, walked, teacher(walked, here).x0, here, there)
         one = ddim_step(process, z, target, t, t_end)
-        torch.testing.assert_close(one, two, atol=1e-10, rtol=0)
+        torch.testing.assert_close(one, walked, atol=1e-10, rtol=0)
 
 
-def test_one_progressive_round_fits_a_student_that_halves_the_steps():
+@pytest.mark.parametrize("k", [2, 4])
+def test_one_progressive_round_fits_a_student_that_divides_the_steps(k):
     """On Gaussian data the progressive target is affine in z_t, so an affine student per grid
     time (fitted by least squares: the minimum of the progressive loss) samples in 4 DDIM steps
-    exactly what the teacher samples in 8."""
+    exactly what the teacher samples in 4 k (k teacher sub-steps per student step)."""
     process = gaussian_process()
     teacher = ExactTeacher(process)
     g = torch.Generator().manual_seed(1)
@@ -130,7 +133,7 @@ def test_one_progressive_round_fits_a_student_that_halves_the_steps():
             t,
             torch.randn(512, 1, D, generator=g, dtype=torch.float64),
         )
-        target = progressive_target(teacher, process, z, t, (t + t_end) / 2, t_end)
+        target = progressive_target(teacher, process, z, t, t_end, k)
         design = torch.cat([z, torch.ones_like(z)], 1).permute(2, 0, 1)  # (D, N, 2)
         coef[i] = torch.linalg.lstsq(design, target.permute(2, 0, 1)).solution  # (D, 2, 1)
 
@@ -147,7 +150,7 @@ def test_one_progressive_round_fits_a_student_that_halves_the_steps():
         return z
 
     z1 = torch.randn(32, 1, D, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(run(student, 4, z1), run(teacher, 8, z1), atol=1e-8, rtol=0)
+    torch.testing.assert_close(run(student, 4, z1), run(teacher, 4 * k, z1), atol=1e-8, rtol=0)
 
 
 def test_consistency_fixed_point_is_self_consistent_and_zeroes_the_loss():

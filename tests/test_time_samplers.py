@@ -57,11 +57,11 @@ def test_curriculum_widens_the_range_to_one_over_the_ramp():
 def test_warped_concentrates_where_the_loss_rises():
     torch.manual_seed(0)
     w = Warped(bins=10, momentum=1.0, uniform=0.1)
-    assert torch.allclose(w.density(), torch.full((10,), 0.1))  # nothing seen yet
+    assert torch.allclose(w.bin_density(), torch.full((10,), 0.1))  # nothing seen yet
     t = (torch.arange(10) + 0.5) / 10
     loss = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 5.0, 5.0, 4.0, 5.0, 5.0])  # rises in bins 4-5
     w.observe(t, loss)
-    d = w.density()
+    d = w.bin_density()
     assert d.sum().item() == pytest.approx(1.0)
     # Increments of the running max: 1 at bin 4, 4 at bin 5, none elsewhere (the dip at 7 too).
     expected = 0.1 * 0.1 + 0.9 * torch.tensor([0, 0, 0, 0, 0.2, 0.8, 0, 0, 0, 0])

@@ -1,6 +1,5 @@
-"""``cdlm-sample``: load a model (file, folder or Hub id), sample (optionally class-conditional
-with guidance on the label and/or the prompt, from a prompt, or infilling/editing a text), print,
-write JSONL atomically, and show or save the denoising canvas (``show=canvas``, ``canvas=``)."""
+"""``cdlm-sample``: load a model (file, folder, Hub id), sample (guided on a label and/or prompt;
+from a prompt; infilling/editing), print, write JSONL atomically, show/save the canvas."""
 
 from __future__ import annotations
 
@@ -47,6 +46,7 @@ RULES = {
     "clamp": FLAG,
     "progress": FLAG,
     "temperature": POSITIVE,
+    "self_cond_scale": Number(at_least=0),
     "max_new_tokens": Number(integer=True, at_least=1, nullable=True),
     "guidance.on": Choice(GUIDE_ON),
     "show": Choice(("none", "canvas")),
@@ -136,7 +136,7 @@ def sample(cfg: DictConfig) -> None:
         rounding=cfg.rounding,
         layout=layout,
         strength=cfg.edit_strength if cfg.edit is not None else 1.0,
-        denoising={"temperature": cfg.temperature, "clamp": cfg.clamp},
+        denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
         cut_at_eos=layout is None,
     )
     sampler = choice.sampler

@@ -11,11 +11,14 @@ callbacks; more ``RoundEnd`` callbacks can come through ``callbacks.``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import lightning as L
+import torch
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.utilities import rank_zero_info
 
 from cdlm.model_file import Model, save_model
@@ -35,10 +38,11 @@ class RoundEnd(L.Callback):
 
 class Rounds(L.Callback):
     """Before each training batch, the round its share of the budget falls in (steps or wall
-    clock, ``budget_progress``): on entering a later round, ends the current one (every
-    ``RoundEnd``), then, for halving methods, loads the student's weights into the teacher (the
-    student of round k teaches round k + 1) and starts the round. The end of training ends the
-    last round."""
+    clock, ``budget_progress``): on entering a later round, ends the current one (with
+    ``per_round``, first making the EMA weights the student's), calls every ``RoundEnd``, then,
+    for halving methods with ``teacher_each_round=previous``, loads the student's weights into
+    the teacher (the student of round k teaches round k + 1); with ``per_round`` the EMA and the
+    optimizer state restart. The end of training ends the last round."""
 
     def on_train_batch_start(self, trainer, pl_module: Distillation, batch, batch_idx) -> None:
         progress = budget_progress(trainer)
@@ -49,12 +53,20 @@ class Rounds(L.Callback):
         if wanted == pl_module.round and batch_idx + trainer.global_step > 0:
             return
         if wanted != pl_module.round:
+            ema = averaging(trainer)
+            if pl_module.per_round and ema is not None:
+                copy_average(ema, pl_module)
             self.end_round(trainer, pl_module)
-            if pl_module.method.halves:
+            if pl_module.method.halves and pl_module.teacher_each_round == "previous":
                 pl_module.teacher.load_state_dict(pl_module.network.state_dict())
+            if pl_module.per_round:
+                if ema is not None:
+                    ema._average_model.n_averaged.zero_()  # restarts from the current weights
+                for optimizer in trainer.optimizers:
+                    optimizer.state.clear()
             pl_module.round = wanted
         method = pl_module.method
-        teacher_steps = pl_module.steps * 2 if method.halves else method.solver_steps
+        teacher_steps = pl_module.steps * method.k if method.halves else method.solver_steps
         rank_zero_info(
             f"distillation round {pl_module.round + 1}/{len(counts)} ({method.name}): "
             f"teacher {teacher_steps} steps -> student {pl_module.steps} steps"
@@ -68,6 +80,26 @@ class Rounds(L.Callback):
         for callback in trainer.callbacks:
             if isinstance(callback, RoundEnd):
                 callback.on_round_end(trainer, module)
+
+
+def averaging(trainer: L.Trainer) -> WeightAveraging | None:
+    """The trainer's weight-averaging (EMA) callback, once it holds an average."""
+    found = next((c for c in trainer.callbacks if isinstance(c, WeightAveraging)), None)
+    return found if found is not None and found._average_model is not None else None
+
+
+def copy_average(ema: WeightAveraging, module: L.LightningModule) -> None:
+    """Loads the EMA's averaged parameters and buffers into ``module`` (Lightning keeps no public
+    accessor; ``WeightAveraging`` averages the whole module)."""
+    average = ema._average_model.module
+    pairs = zip(
+        itertools.chain(average.parameters(), average.buffers()),
+        itertools.chain(module.parameters(), module.buffers()),
+        strict=True,
+    )
+    with torch.no_grad():
+        for avg, current in pairs:
+            current.copy_(avg)
 
 
 class KeepRoundStudents(RoundEnd):

@@ -20,6 +20,7 @@ from torch import nn
 from cdlm.distillation.callbacks import EvaluateRounds, KeepRoundStudents, Rounds
 from cdlm.distillation.targets import halvings
 from cdlm.training.ema import averaged_copy
+from cdlm.training.lr_schedules import warmup_cosine_factor
 from cdlm.training.module import ValidationMeans, validation_generator
 from cdlm.training.optim import (
     OptimizerFactory,
@@ -29,6 +30,7 @@ from cdlm.training.optim import (
     training_labels,
     with_labels,
 )
+from cdlm.training.phases import budget_progress
 
 
 class Distillation(L.LightningModule):
@@ -51,6 +53,14 @@ class Distillation(L.LightningModule):
             log (``cdlm.distillation.report.RoundEval``; ``callbacks.EvaluateRounds``), or None.
         round_dir: if set, each round's student is also written there as
             ``round<k>_<steps>steps.safetensors`` (``callbacks.KeepRoundStudents``).
+        teacher_each_round: ``previous`` (round k's student teaches round k + 1, Salimans &
+            Ho 2022) or ``original`` (the given teacher teaches every round, as in ELF).
+        per_round: each round gets its own warmup-cosine LR schedule (replacing
+            ``lr_scheduler``; ``round_warmup`` and ``round_min_lr`` of the peak), a fresh
+            optimizer state and a restarted EMA, and starts from the previous round's EMA
+            weights, which are also the round's student (saved, scored, and with
+            ``teacher_each_round=previous`` the next teacher). Off: one schedule over all rounds
+            and the raw weights passed on (the behaviour before, kept for its tables).
     """
 
     needs_teacher = True  # cdlm-train loads teacher=PATH and passes its network
@@ -70,8 +80,20 @@ class Distillation(L.LightningModule):
         model_config: dict | None = None,
         round_eval: Callable | None = None,
         round_dir: str | None = None,
+        teacher_each_round: str = "previous",
+        per_round: bool = False,
+        round_warmup: float = 0.1,
+        round_min_lr: float = 0.1,
     ) -> None:
         super().__init__()
+        if teacher_each_round not in ("previous", "original"):
+            raise ValueError(
+                f"teacher_each_round must be previous or original, got {teacher_each_round!r}"
+            )
+        if not 0.0 <= round_warmup < 1.0:
+            raise ValueError(f"round_warmup is a share of a round in [0, 1), got {round_warmup}")
+        self.teacher_each_round, self.per_round = teacher_each_round, per_round
+        self.round_warmup, self.round_min_lr = round_warmup, round_min_lr
         if process.kind not in method.process_kinds:
             raise ValueError(
                 f"{method.name} distillation applies to {', '.join(method.process_kinds)} "
@@ -176,9 +198,21 @@ class Distillation(L.LightningModule):
         if self.ema_target is not None and saved["ema_target"] is not None:
             self.ema_target.load_state_dict(saved["ema_target"])
 
+    def round_lr_factor(self, step: int = 0) -> float:
+        """The per-round LR factor: warmup then cosine over the current round's budget share."""
+        progress = budget_progress(self._trainer) if self._trainer is not None else 0.0
+        within = min(1.0, max(0.0, (progress or 0.0) * len(self.counts) - self.round))
+        return warmup_cosine_factor(within, self.round_warmup, self.round_min_lr)
+
     def configure_optimizers(self):
+        scheduler = self.scheduler_factory
+        if self.per_round:
+
+            def scheduler(optimizer):
+                return torch.optim.lr_scheduler.LambdaLR(optimizer, self.round_lr_factor)
+
         return configure_optimization(
-            self, self.network.parameters(), self.optimizer_factory, self.scheduler_factory
+            self, self.network.parameters(), self.optimizer_factory, scheduler
         )
 
 

@@ -2,7 +2,7 @@
 the forward process, so that the closed-form tests and the training modules share them.
 
 * ``progressive_target``: the x0 whose single DDIM step from t to t'' lands where the teacher's
-  two DDIM steps t -> t' -> t'' land (Salimans & Ho 2022, Alg. 2).
+  k DDIM sub-steps from t to t'' land (Salimans & Ho 2022, Alg. 2, k = 2; ELF uses k = 4).
 * ``consistency_pair``: the teacher's one ODE (DDIM) step from t_{n+1} to t_n, the point whose
   EMA-student output the student's output at t_{n+1} must equal (Song et al. 2023, Alg. 2).
 * ``sdtt_target``: per masked position, the log-probabilities the teacher used when it revealed
@@ -37,18 +37,24 @@ def ddim_to(process, x: Tensor, x0: Tensor, t: Tensor, s: Tensor) -> Tensor:
 
 @torch.no_grad()
 def progressive_target(
-    teacher: Denoiser, process, z_t: Tensor, t: Tensor, t_mid: Tensor, t_end: Tensor
+    teacher: Denoiser, process, z_t: Tensor, t: Tensor, t_end: Tensor, substeps: int = 2
 ) -> Tensor:
-    """x0 target (B, L, D) for the student's step t -> t_end from two teacher DDIM steps via
-    t_mid: solve z_end = alpha_end x + (sigma_end / sigma_t)(z_t - alpha_t x) for x. Where
-    t_end = 0 the student's step returns its estimate, so the target is the teacher's z_end."""
-    z_mid = ddim_to(process, z_t, teacher(z_t, t).x0, t, t_mid)
-    z_end = ddim_to(process, z_mid, teacher(z_mid, t_mid).x0, t_mid, t_end)
+    """x0 target (B, L, D) for the student's step t -> t_end from ``substeps`` teacher DDIM steps
+    on an even grid between them: solve z_end = alpha_end x + (sigma_end / sigma_t)(z_t -
+    alpha_t x) for x. Where t_end = 0 the student's step returns its estimate, so the target
+    is the teacher's z_end."""
+    if substeps < 1:
+        raise ValueError(f"teacher sub-steps must be >= 1, got {substeps}")
+    z = z_t
+    for k in range(substeps):
+        here = t + (t_end - t) * (k / substeps)
+        there = t + (t_end - t) * ((k + 1) / substeps)
+        z = ddim_to(process, z, teacher(z, here).x0, here, there)
     a_t, s_t = process.schedule.alpha(t), process.schedule.sigma(t)
     a_e, s_e = process.schedule.alpha(t_end), process.schedule.sigma(t_end)
     ratio = s_e / s_t
-    x = (z_end - per_position(ratio) * z_t) / per_position(a_e - ratio * a_t)
-    return torch.where(per_position(t_end <= 0), z_end, x)
+    x = (z - per_position(ratio) * z_t) / per_position(a_e - ratio * a_t)
+    return torch.where(per_position(t_end <= 0), z, x)
 
 
 @torch.no_grad()

@@ -93,7 +93,12 @@ class Process(Protocol):
     def make_denoiser(self, network: nn.Module) -> Denoiser: ...
 
     def sampling_denoiser(
-        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
+        self,
+        network: nn.Module,
+        clamp: bool = False,
+        condition=None,
+        temperature: float = 1.0,
+        self_cond_scale: float = 1.0,
     ) -> Denoiser: ...
 
     def conditioned_denoiser(
@@ -242,12 +247,17 @@ class TokenProcess(ProcessModule):
         raise NotImplementedError
 
     def sampling_denoiser(
-        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
+        self,
+        network: nn.Module,
+        clamp: bool = False,
+        condition=None,
+        temperature: float = 1.0,
+        self_cond_scale: float = 1.0,
     ) -> Denoiser:
         """The denoiser samplers see; ``condition`` wraps the network's denoiser first
         (guidance, fixed regions)."""
-        if clamp:
-            raise ValueError("clamp applies to gaussian (embedding) models only")
+        if clamp or self_cond_scale != 1.0:
+            raise ValueError("clamp and self_cond_scale apply to gaussian (embedding) models only")
         if temperature != 1.0:
             raise ValueError(
                 "temperature= applies to gaussian models; token samplers take sampler.temperature"

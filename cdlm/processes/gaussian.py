@@ -15,10 +15,10 @@ from torch import Tensor, nn
 from cdlm.denoiser import (
     ClampToEmbeddings,
     Denoiser,
+    HoldFixed,
     Prediction,
+    SelfCondGuided,
     SelfConditioned,
-    Wrapper,
-    columns,
     per_position,
     readout_evidence,
 )
@@ -28,43 +28,20 @@ from cdlm.processes.base import (
     LevelEval,
     LossOutput,
     ProcessModule,
+    masked_mean,
     next_token_loss,
     shifted_network_logits,
     valid_mask,
 )
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import EmbeddingDenoiser, PosteriorInput, VectorInput
+from cdlm.processes.parameterization import (
+    EmbeddingDenoiser,
+    PosteriorInput,
+    VectorInput,
+    check_pieces,
+)
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
-
-
-class HoldFixed(Wrapper):
-    """Replaces the fixed positions of x_t by the correctly noised ground truth
-    alpha(t) x0 + sigma(t) noise before each call, and the prediction there by the truth
-    (replacement-based inpainting, Song et al. 2021, App. I.2; Diffusion-LM infilling). With
-    ``positions`` the call covers those columns of the canvas only."""
-
-    def __init__(
-        self,
-        denoiser: Denoiser,
-        schedule: Schedule,
-        ids: Tensor,
-        fixed: Tensor,
-        x0: Tensor,
-        noise: Tensor,
-    ) -> None:
-        self.denoiser, self.schedule, self.fixed = denoiser, schedule, fixed[..., None]
-        self.ids, self.x0, self.noise = ids, x0, noise
-
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        at = kwargs.get("positions")
-        fixed, ids, x0 = (columns(v, at) for v in (self.fixed, self.ids, self.x0))
-        alpha, sigma = per_position(self.schedule.alpha(t)), per_position(self.schedule.sigma(t))
-        held = (alpha * x0 + sigma * columns(self.noise, at)).to(x_t.dtype)
-        pred = self.denoiser(torch.where(fixed, held, x_t), t, self_cond, **kwargs)
-        x0_hat = torch.where(fixed, x0.to(pred.x0.dtype), pred.x0)
-        onehot = torch.full_like(pred.logits, -1e9).scatter_(-1, ids[..., None], 0.0)
-        return Prediction(logits=torch.where(fixed, onehot, pred.logits), x0=x0_hat)
 
 
 class GaussianProcess(ProcessModule):
@@ -81,15 +58,17 @@ class GaussianProcess(ProcessModule):
         objective: ``CrossEntropy`` (CDCD; the default) or ``X0MSE`` (Diffusion-LM).
         time_sampler: where training draws t (``cdlm.time_samplers``; default stratified
             uniform). Evaluation always draws stratified uniform t.
-        token_noise: share of training sequences whose tokens each draw their own level
-            t ~ U(0, 1) instead of sharing one: hidden tokens beside readable ones, as in masked
-            diffusion, which is where using context pays. Needs a piece that tells the network
-            each token's own level (``PosteriorInput`` or ``CrossEntropy(readout_skip=True)``).
+        token_noise: share of training sequences whose tokens each draw their own level (from
+            the time sampler): hidden tokens beside readable ones, as in masked diffusion. Needs
+            ``PosteriorInput`` or ``CrossEntropy(readout_skip=True)`` (they see each level).
+        importance_weight: weight each token's CE by 1 / density(t) of the time sampler: the
+            uniform-t objective whatever the proposal (off: the proposal reshapes the objective).
+        prediction: pieces between network and objective (``XPrediction``, ``PreconditionSkip``).
+        default_sampler: the conf/sampler/ name cdlm-sample uses when given none.
         eos_id: the BOS of a shifted input and of the AR phase (filled in from the tokenizer).
     """
 
     kind = "gaussian"
-    default_sampler = "ddpm"  # a conf/sampler/ name
     loss_is_bound = False  # the CE objective is not a likelihood bound: see cdlm.likelihood
     exact_likelihood = False
     noise_levels = True
@@ -105,19 +84,18 @@ class GaussianProcess(ProcessModule):
         objective: CrossEntropy | X0MSE | None = None,
         time_sampler: TimeSampler | None = None,
         token_noise: float = 0.0,
+        importance_weight: bool = False,
+        prediction: list | None = None,
+        default_sampler: str = "ddpm",
         eos_id: int | None = None,
     ) -> None:
         super().__init__()
         self.input = input if input is not None else VectorInput()
         self.objective = objective if objective is not None else CrossEntropy()
         if not isinstance(self.objective, CrossEntropy | X0MSE):
-            raise ValueError(
-                f"unknown objective {objective!r}; valid: ce, mse (objective@process.objective=ce)"
-            )
+            raise ValueError(f"unknown objective {objective!r}; valid: ce, mse (objective=ce)")
         if not isinstance(self.input, VectorInput | PosteriorInput):
-            raise ValueError(
-                f"unknown input {input!r}; valid: vector, posterior (input@process.input=vector)"
-            )
+            raise ValueError(f"unknown input {input!r}; valid: vector, posterior (input=vector)")
         if self.input.shift:
             if eos_id is None:
                 raise ValueError("a shifted input needs eos_id (the BOS it starts with)")
@@ -135,7 +113,12 @@ class GaussianProcess(ProcessModule):
         self.schedule = schedule if schedule is not None else CosineSchedule()
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
-        self.token_noise = token_noise
+        self.time_sampler.attach(self.schedule)
+        self.token_noise, self.importance_weight = token_noise, importance_weight
+        if importance_weight and not isinstance(self.objective, CrossEntropy):
+            raise ValueError("process.importance_weight applies to objective=ce")
+        self.prediction = check_pieces(list(prediction or []), self.objective)
+        self.default_sampler = default_sampler
 
     @property
     def next_token_layout(self) -> bool:
@@ -146,22 +129,34 @@ class GaussianProcess(ProcessModule):
     def network_kwargs(self) -> dict:
         """The network's input/output widths this process needs."""
         v, d = self.vocab_size, self.embed_dim
-        return self.input.network_kwargs(v, d) | {"out_dim": self.objective.out_dim(v, d)}
+        out = self.objective.out_dim(v, d) + sum(p.extra_out_dim(d) for p in self.prediction)
+        return self.input.network_kwargs(v, d) | {"out_dim": out}
 
     def make_denoiser(self, network: nn.Module, temperature: float = 1.0) -> Denoiser:
         base = EmbeddingDenoiser(
             network, self.input, self.embedding, self.schedule, self.objective.output
         )
+        for piece in self.prediction:
+            base = piece.wrap(base, self)
         return self.objective.wrap(base, self.embedding, self.schedule, temperature)
 
     def sampling_denoiser(
-        self, network: nn.Module, clamp: bool = False, condition=None, temperature: float = 1.0
+        self,
+        network: nn.Module,
+        clamp: bool = False,
+        condition=None,
+        temperature: float = 1.0,
+        self_cond_scale: float = 1.0,
     ) -> Denoiser:
         """The denoiser samplers see: ``condition`` (guidance, fixed regions) around the
-        network's denoiser (its logits at ``temperature``), then self-conditioned on its previous
-        estimate, optionally clamped. Stateful, so make one per sampling run."""
+        network's denoiser (its logits at ``temperature``), self-conditioned on its previous
+        estimate (guided at ``self_cond_scale``: ``SelfCondGuided``), optionally clamped.
+        Stateful, so make one per sampling run."""
+        if self_cond_scale != 1.0 and self.input.self_cond_prob == 0:
+            raise ValueError("self_cond_scale needs a model trained with self_cond_prob > 0")
         denoiser = self.make_denoiser(network, temperature)
-        denoiser = SelfConditioned(denoiser if condition is None else condition(denoiser))
+        denoiser = denoiser if condition is None else condition(denoiser)
+        denoiser = SelfConditioned(SelfCondGuided(denoiser, self_cond_scale))
         return ClampToEmbeddings(denoiser, self.embedding) if clamp else denoiser
 
     def start(
@@ -218,7 +213,8 @@ class GaussianProcess(ProcessModule):
         if self.token_noise == 0 or length is None:
             return t
         per_token = torch.rand(n, device=device, generator=generator) < self.token_noise
-        own = torch.rand((n, length), device=device, generator=generator)
+        own = self.time_sampler(n * length, device, generator)  # shuffled: strata not in order
+        own = own[torch.randperm(n * length, device=device, generator=generator)].view(n, length)
         return torch.where(per_token[:, None], own, t[:, None].expand_as(own))
 
     def weight(self, t: Tensor) -> Tensor:
@@ -256,6 +252,12 @@ class GaussianProcess(ProcessModule):
         self_cond = self.training and bool(coin < self.input.self_cond_prob)
         pred = self.predict(denoiser, c.x_t, c.t, self_cond)
         loss, metrics, ce_tokens = self.objective.loss(pred, c, valid, self, generator)
+        if self.training and self.importance_weight:
+            density = self.time_sampler.density(t).to(ce_tokens.dtype)
+            loss = masked_mean(ce_tokens / per_position(density)[..., 0].clamp_min(1e-6), valid)
+        for piece in self.prediction:
+            term, more = piece.loss(pred, c, valid)
+            loss, metrics = loss + term, metrics | more
         observation = None
         if self.training:
             shared = torch.ones(n, dtype=torch.bool, device=t.device)

@@ -152,6 +152,7 @@ class MaskedProcess(TokenProcess):
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
+        self.time_sampler.attach(self.schedule)
 
     @property
     def canvas_id(self) -> int:

@@ -8,7 +8,9 @@ The pieces compose instead of interlocking flags, each chosen in the config by `
 * an **objective** (``cdlm.processes.objectives``) that fixes the network's output (logits or
   x0) and the loss;
 * **prediction wrappers** (``ReadoutSkip``, ``Temperature``, ``ExpectedEmbedding``,
-  ``NearestReadout``): denoisers around denoisers, where a piece acts on predictions.
+  ``NearestReadout``): denoisers around denoisers, where a piece acts on predictions;
+* **prediction pieces** (``XPrediction``, ``PreconditionSkip``; ``process.prediction``), each
+  widening the network's output and/or wrapping its denoiser and adding a loss term.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, Prediction, Wrapper, full_precision, readout_evidence
+from cdlm.denoiser import (
+    Denoiser,
+    Prediction,
+    Wrapper,
+    full_precision,
+    per_position,
+    readout_evidence,
+)
 
 
 class VectorInput:
@@ -134,15 +143,17 @@ class Temperature(Wrapper):
 
 class ExpectedEmbedding(Wrapper):
     """x0 = softmax(logits) @ E: the posterior-mean embedding of a logits prediction (CDCD,
-    Dieleman et al. 2022)."""
+    Dieleman et al. 2022), unless an x0 head gave x0."""
 
     def __init__(self, denoiser: Denoiser, embedding: nn.Module) -> None:
         self.denoiser, self.embedding = denoiser, embedding
 
     def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        logits = self.denoiser(x_t, t, self_cond, **kwargs).logits
-        x0 = torch.softmax(logits, dim=-1) @ self.embedding.table().to(logits.dtype)
-        return Prediction(logits=logits, x0=x0.to(x_t.dtype))
+        pred = self.denoiser(x_t, t, self_cond, **kwargs)
+        if pred.x0 is not None:  # a free x0 head (XPrediction) already gave one
+            return pred
+        x0 = torch.softmax(pred.logits, dim=-1) @ self.embedding.table().to(pred.logits.dtype)
+        return Prediction(logits=pred.logits, x0=x0.to(x_t.dtype))
 
 
 class NearestReadout(Wrapper):
@@ -154,3 +165,105 @@ class NearestReadout(Wrapper):
     def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
         x0 = self.denoiser(x_t, t, self_cond, **kwargs).x0
         return Prediction(logits=self.embedding.logits(x0), x0=x0)
+
+
+class _SplitX0(Wrapper):
+    """The last ``dim`` output columns as a free x0, the rest as the logits."""
+
+    def __init__(self, denoiser: Denoiser, dim: int) -> None:
+        self.denoiser, self.dim = denoiser, dim
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        out = self.denoiser(x_t, t, self_cond, **kwargs).logits
+        return Prediction(logits=out[..., : -self.dim], x0=out[..., -self.dim :].to(x_t.dtype))
+
+
+class _Skip(Wrapper):
+    """x0 = c_skip(t) x_t + c_out(t) F(x_t, t) (EDM preconditioning in VP form)."""
+
+    def __init__(self, denoiser: Denoiser, schedule, sigma_data: float) -> None:
+        self.denoiser, self.schedule, self.sigma_data = denoiser, schedule, sigma_data
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        pred = self.denoiser(x_t, t, self_cond, **kwargs)
+        c_skip, c_out = (
+            per_position(c) for c in skip_coefficients(self.schedule, t, self.sigma_data)
+        )
+        return Prediction(logits=pred.logits, x0=(c_skip * x_t + c_out * pred.x0).to(x_t.dtype))
+
+
+def skip_coefficients(schedule, t: Tensor, sigma_data: float) -> tuple[Tensor, Tensor]:
+    """EDM's c_skip and c_out (Karras et al. 2022, Table 1) for x_t = alpha x0 + sigma eps with
+    data std ``sigma_data``: the x0 estimate c_skip x_t + c_out F has unit-variance target F and
+    is x_t's own best linear guess of x0 when F = 0."""
+    alpha, sigma = schedule.alpha(t.float()), schedule.sigma(t.float())
+    total = alpha**2 * sigma_data**2 + sigma**2
+    return alpha * sigma_data**2 / total, sigma * sigma_data / total.sqrt()
+
+
+class XPrediction:
+    """A free x0 head beside the CE readout (ELF's x-prediction, Hu et al. 2026): the network
+    outputs ``embed_dim`` more columns, read as the x0 estimate the samplers step with, not
+    confined to the hull of the embeddings as softmax(logits) @ E is. Trained by ``weight``
+    times ||x0_hat - x0||^2 (summed over the embedding, averaged over positions) beside the CE,
+    which keeps the logits a readout. Sampling temperature then acts on the logits only."""
+
+    def __init__(self, weight: float = 1.0) -> None:
+        if weight <= 0:
+            raise ValueError(f"x-prediction weight must be > 0, got {weight}")
+        self.weight = weight
+
+    def extra_out_dim(self, embed_dim: int) -> int:
+        return embed_dim
+
+    def wrap(self, denoiser: Denoiser, process) -> Denoiser:
+        return _SplitX0(denoiser, process.embed_dim)
+
+    def loss(self, pred: Prediction, c, valid: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        error = (pred.x0.float() - c.x0.float()).pow(2).sum(-1)
+        mse = (error * valid).sum() / valid.sum().clamp_min(1)
+        return self.weight * mse, {"x0_mse": mse.detach()}
+
+
+class PreconditionSkip:
+    """The preconditioning skip of EDM (Karras et al. 2022, Sec. 5) on the x0 head: x0 =
+    c_skip x_t + c_out F, so that at low noise the estimate starts from x_t itself and the
+    network learns a unit-scale correction (LangFlow's skip, Chen et al. 2026). Needs an
+    ``XPrediction`` before it. ``sigma_data``: the per-dimension std of the embeddings (default:
+    the process's ``embed_scale``, the per-dimension RMS of rows of norm embed_scale sqrt(d))."""
+
+    def __init__(self, sigma_data: float | None = None) -> None:
+        if sigma_data is not None and sigma_data <= 0:
+            raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
+        self.sigma_data = sigma_data
+
+    def extra_out_dim(self, embed_dim: int) -> int:
+        return 0
+
+    def wrap(self, denoiser: Denoiser, process) -> Denoiser:
+        sigma_data = self.sigma_data if self.sigma_data is not None else process.embedding.scale
+        return _Skip(denoiser, process.schedule, sigma_data)
+
+    def loss(self, pred: Prediction, c, valid: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        return torch.zeros((), device=valid.device), {}
+
+
+def check_pieces(pieces: list, objective) -> list:
+    """The prediction pieces, checked: known classes, an x0 head only beside a logits
+    objective, a skip only after an x0 head."""
+    seen_head = False
+    for piece in pieces:
+        if not isinstance(piece, XPrediction | PreconditionSkip):
+            raise ValueError(
+                f"unknown prediction piece {piece!r}; valid: "
+                "cdlm.processes.parameterization.XPrediction, PreconditionSkip"
+            )
+        if isinstance(piece, XPrediction):
+            if objective.output != "logits" or seen_head:
+                raise ValueError("XPrediction goes once, beside a logits objective (objective=ce)")
+            seen_head = True
+        elif not seen_head:
+            raise ValueError(
+                "PreconditionSkip needs an XPrediction before it in process.prediction"
+            )
+    return pieces

@@ -1,4 +1,5 @@
-"""Reverse-SDE sampler for Gaussian (embedding) diffusion: Euler-Maruyama with tunable noise."""
+"""Stochastic samplers for Gaussian (embedding) diffusion: Euler-Maruyama on the reverse SDE with
+tunable noise, and the multistep consistency sampler that re-noises each x0 estimate afresh."""
 
 from __future__ import annotations
 
@@ -57,3 +58,36 @@ def sample_euler_maruyama(
     return step_loop(
         step_euler_maruyama, denoiser, x, timesteps, process, generator, callback, churn=churn
     )
+
+
+def step_consistency(
+    x: Tensor,
+    x0: Tensor,
+    alpha_t: Tensor,
+    sigma_t: Tensor,
+    alpha_s: Tensor,
+    sigma_s: Tensor,
+    noise: Tensor,
+) -> Tensor:
+    """One step of multistep consistency sampling (Song et al. 2023, Alg. 1): the estimate
+    noised afresh to s, x_s = alpha_s x0_hat + sigma_s z. Unlike DDPM's posterior draw it keeps
+    nothing of x_t but what the estimate carries: a consistency model maps any point of a
+    trajectory to its end, so x_t has nothing more to give."""
+    return alpha_s * x0 + sigma_s * noise
+
+
+@register("consistency", processes=("gaussian",))
+@torch.no_grad()
+def sample_consistency(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process: GaussianProcess,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+) -> SampleOutput:
+    """Multistep consistency sampling (Song et al. 2023, Alg. 1), 1 NFE per step: the sampler a
+    consistency-distilled student is made for. x: (B, L, D) prior draw; timesteps: (T+1,) from
+    1 to 0 (one step: the student's single jump to x0)."""
+    return step_loop(step_consistency, denoiser, x, timesteps, process, generator, callback)

@@ -17,6 +17,14 @@ def _cosine(progress: float, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def warmup_cosine_factor(progress: float, warmup: float, min_ratio: float) -> float:
+    """The LR factor at ``progress`` (a share in [0, 1]) of a schedule that warms up linearly
+    over the first ``warmup`` share, then decays by a cosine to ``min_ratio``."""
+    if progress < warmup:
+        return max(progress, 1e-3) / warmup
+    return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
+
+
 def warmup_cosine(
     optimizer: torch.optim.Optimizer,
     warmup_steps: float,
@@ -99,9 +107,6 @@ def wallclock_cosine(
         raise ValueError(f"budget must be > 0 seconds, got {budget!r}")
 
     def factor(elapsed: float) -> float:
-        progress = elapsed / seconds
-        if progress < warmup:
-            return max(progress, 1e-3) / warmup  # warmup > 0 here
-        return _cosine((progress - warmup) / (1.0 - warmup), min_ratio)
+        return warmup_cosine_factor(elapsed / seconds, warmup, min_ratio)
 
     return WallclockLR(optimizer, factor, clock)
