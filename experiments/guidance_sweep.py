@@ -37,10 +37,10 @@ from judge import fit_on_corpus
 
 from cdlm.data.corpus import BUNDLED
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
-from cdlm.pretrained import smollm2_file
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.model_file import load_model
+from cdlm.pretrained import smollm2_file
 from cdlm.samplers.base import sampler_name
 from cdlm.sampling import Plan, default_sampler, generate
 

@@ -570,3 +570,90 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
     assert f"using its steps=4, {note}" in out.stderr
     out = run_main("cdlm-sample", f"ckpt={student}", "steps=2", "num_samples=1", cwd=tmp_path)
     assert out.returncode == 0 and "steps=2" in out.stdout
+
+
+@pytest.mark.parametrize("teacher_each_round", ["original", "previous"])
+def test_per_round_rounds_pass_on_the_ema_and_choose_the_teacher(
+    tiny_corpus, tmp_path, teacher_each_round
+):
+    """Two real rounds with ``per_round``: round 1's student (as saved and scored) is its EMA;
+    round 2 starts from it with a fresh optimizer state and a restarted LR warmup; its teacher
+    is the original one or round 1's student, as configured (k = 4 teacher sub-steps)."""
+    import lightning as L
+
+    from cdlm.data import TextDataModule
+    from cdlm.training.ema import EMA
+
+    data = TextDataModule(path=str(tiny_corpus), vocab_size=300, seq_len=8, batch_size=4)
+    data.setup()
+    torch.manual_seed(0)
+    process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=4, input=PosteriorInput())
+    teacher = Transformer(**TINY_NET, **process.network_kwargs)
+    original = {k: v.clone() for k, v in teacher.state_dict().items()}
+    module = Distillation(
+        process,
+        student_of(teacher),
+        teacher,
+        Progressive(teacher_steps_per_step=4),
+        lambda p: torch.optim.AdamW(p, lr=1e-2),
+        start_steps=4,
+        end_steps=1,
+        teacher_each_round=teacher_each_round,
+        per_round=True,
+    )
+    ema = EMA(decay=0.9)
+    seen = []
+
+    class Watch(RoundEnd):
+        def on_round_end(self, trainer, pl_module):
+            average = ema._average_model.module.network.state_dict()
+            student = {k: v.clone() for k, v in pl_module.network.state_dict().items()}
+            assert_same_weights(student, average)  # the round's student is its EMA
+            seen.append(student)
+
+        def on_before_backward(self, trainer, pl_module, loss):  # after Rounds, before the step
+            opt = trainer.optimizers[0]
+            state = {k: v.clone() for k, v in pl_module.network.state_dict().items()}
+            seen.append((pl_module.round, None, len(opt.state), state))
+
+    trainer = L.Trainer(
+        max_steps=6,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[ema, Watch()],
+    )
+    trainer.fit(module, datamodule=data)
+    batches = [s for s in seen if isinstance(s, tuple)]
+    students = [s for s in seen if isinstance(s, dict)]
+    assert [b[0] for b in batches] == [0, 0, 0, 1, 1, 1]
+    first_of_round_2 = batches[3]
+    assert first_of_round_2[2] == 0 and batches[2][2] > 0  # the optimizer state restarted
+    assert_same_weights(first_of_round_2[3], students[0])  # round 2 starts from round 1's EMA
+    expected = original if teacher_each_round == "original" else students[0]
+    assert_same_weights(module.teacher.state_dict(), expected)
+    assert len(students) == 2
+
+
+def test_per_round_lr_warms_up_and_decays_within_each_round(monkeypatch):
+    import cdlm.distillation.module as module_file
+
+    process, teacher = tiny_gaussian_teacher()
+    module = Distillation(
+        process, student_of(teacher), teacher, Progressive(), torch.optim.AdamW,
+        start_steps=8, end_steps=2, per_round=True, round_warmup=0.1, round_min_lr=0.1,
+    )  # fmt: skip
+    module._trainer = object()
+    factors = {}
+    for progress in (0.01, 0.3, 0.49, 0.51, 0.99):
+        monkeypatch.setattr(module_file, "budget_progress", lambda trainer, p=progress: p)
+        module.round = int(progress * 2)
+        factors[progress] = module.round_lr_factor()
+    assert factors[0.01] == pytest.approx(0.2)  # 2% into round 1, warmup 10%
+    assert factors[0.3] > factors[0.49] == pytest.approx(0.1, abs=0.01)  # cosine to 0.1
+    assert factors[0.51] == pytest.approx(0.2)  # round 2 warms up again
+    assert factors[0.99] == pytest.approx(0.1, abs=0.01)

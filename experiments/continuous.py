@@ -1,0 +1,200 @@
+"""The continuous-process recipes of docs/continuous.md against masked and AR, same budget, one run.
+
+    python experiments/continuous.py --train --minutes 10 --jobs 2   # the Hydra multirun
+    python experiments/continuous.py --out docs/continuous            # evaluate those runs
+
+Training is the toolkit's own sweep path: one ``cdlm-train -m experiment=quickstart
+recipe=a,b,... hydra/launcher=joblib`` multirun over the rows of ``conf/recipe/`` (each a piece
+added to today's recipe, all pieces, masked, AR), ``--jobs`` at a time with one CPU thread each,
+so that every row gets the same wall clock on the same share of the machine. Evaluation, per
+run: the val bound (bits/token, ± standard error over noise draws) through
+``cdlm.evaluation.harness``; gen-PPL (SmolLM2-135M) beside token entropy for each sampler in
+SAMPLERS, at each step count and temperature; for diffusion models the context gain over the
+no-context readout at t = 0.7, 0.8, 0.9 (``cdlm.evaluation.context``). Writes ``<out>.json``
+(``{"rows": [...]}``) and the measured section of ``<out>.md`` (prose around the markers kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from budget import duration, last_step
+
+from cdlm.evaluation.context import context_use
+from cdlm.evaluation.harness import evaluate_checkpoint
+from cdlm.evaluation.quality import load_scorer
+from cdlm.io import atomic_write_text
+from cdlm.likelihood.evaluate import corpus_split
+from cdlm.model_file import load_model
+from cdlm.sampling import named_sampler
+
+RECIPES = [
+    "today", "shared", "logit_normal", "gumbel", "xpred", "self_cond", "combined", "masked",
+    "autoregressive",
+]  # fmt: skip
+# process -> [(sampler label, conf/sampler name, options, steps, x0 temperature)]
+SAMPLERS = {
+    "gaussian": [
+        ("ddpm", "ddpm", {}, 64, 1.0),
+        ("ddim (eta 0: the probability-flow ODE)", "ddim", {}, 64, 1.0),
+        ("sde (euler_maruyama, churn 1)", "euler_maruyama", {}, 64, 1.0),
+        ("rolling", "rolling", {}, 64, 1.0),
+    ],
+    "masked": [("ancestral", "ancestral", {}, 64, 1.0)],
+    "autoregressive": [("ar", "ar", {"stop_at_eos": False}, 1, 1.0)],
+}
+CONTEXT_TIMES = (0.7, 0.8, 0.9)
+BEGIN, END = "<!-- measured: experiments/continuous.py -->", "<!-- end measured -->"
+
+
+def train(minutes: float, jobs: int, runs: Path) -> None:
+    """The multirun: every recipe on the quickstart budget, ``jobs`` at a time, one thread each."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    args = [
+        "-m",
+        "experiment=quickstart",
+        f"recipe={','.join(RECIPES)}",
+        f"trainer.max_time={duration(minutes * 60)}",
+        "logger=csv",
+        "hydra/launcher=joblib",
+        f"hydra.launcher.n_jobs={jobs}",
+        f"hydra.sweep.dir={runs}",
+        "hydra.sweep.subdir=${hydra:runtime.choices.recipe}",
+        "+trainer.enable_progress_bar=false",
+    ]
+    subprocess.run([sys.executable, "-m", "cdlm.cli.train", *args], check=True, env=env)
+
+
+def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[dict]:
+    model = load_model(ckpt)
+    process = model.process.kind
+    common = {"process": process, "recipe": recipe, "train_steps": last_step(ckpt.parent)}
+    context = {}
+    if model.process.noise_levels:
+        data = corpus_split(model)
+        tokens = data.val_set.tokens[: args.likelihood_sequences]
+        levels = context_use(model, tokens, data.log_unigram(), CONTEXT_TIMES)
+        context = {f"context_gain_t{c['t']:g}": c["context_gain"] for c in levels}
+        common["context_gain"] = context["context_gain_t0.8"]
+    rows = []
+    for i, (label, name, options, steps, temperature) in enumerate(SAMPLERS[process]):
+        report = evaluate_checkpoint(
+            str(ckpt),
+            named_sampler(name, **options),
+            steps=steps,
+            num_samples=args.num_samples,
+            seed=0,
+            repeats=1,
+            grid="uniform",
+            scorer=scorer,
+            device=torch.device("cpu"),
+            likelihood_sequences=args.likelihood_sequences if i == 0 else 1,
+            likelihood_draws=args.likelihood_draws if i == 0 else 1,
+            cut_at_eos=False,
+            temperature=temperature,
+        )
+        if i == 0:
+            bound = report["likelihood"]
+            common |= {"bits_per_token": bound["bits_per_token"]}
+            common |= {"bits_std_error": bound.get("std_error"), "bound": bound["kind"]}
+            reference = report["quality"]["reference"]
+        q = report["quality"]["samples"]
+        rows.append(
+            common
+            | context
+            | {
+                "sampler": label,
+                "steps": steps,
+                "temperature": options.get("temperature", temperature),
+                "gen_ppl": q.get("gen_ppl"),
+                "entropy": q["token_entropy_bits"],
+                "distinct_2": q["distinct_2"],
+                "example": report["samples"][0][:200],
+                "reference_gen_ppl": reference.get("gen_ppl"),
+                "reference_entropy": reference["token_entropy_bits"],
+            }
+        )
+        print(f"{recipe}: {label} @{steps} T={rows[-1]['temperature']}: {q.get('gen_ppl')}")
+    return rows
+
+
+def table(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        f"Budget: {args.minutes:g} minutes of wall clock per row, {args.jobs} runs at a time on "
+        "the 2-core CPU, one thread each (the `--train` multirun). "
+        f"{args.num_samples} samples of 128 tokens per row, scored by SmolLM2-135M; bound over "
+        f"{args.likelihood_sequences} val sequences x {args.likelihood_draws} noise draws.",
+        "",
+        "| recipe | train steps | bits/token | gain t=0.7 / 0.8 / 0.9 | sampler | steps | T "
+        "| gen-PPL | entropy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    seen = set()
+    for r in rows:
+        first = r["recipe"] not in seen
+        seen.add(r["recipe"])
+        error = f" ± {r['bits_std_error']:.3f}" if r.get("bits_std_error") else ""
+        gains = " / ".join(
+            f"{r[f'context_gain_t{t:g}']:.2f}" for t in CONTEXT_TIMES if f"context_gain_t{t:g}" in r
+        )
+        head = (
+            f"| {r['recipe']} | {r['train_steps']} | {r['bits_per_token']:.3f}{error} | {gains} "
+            if first
+            else "| | | | "
+        )
+        ppl = r["gen_ppl"] if r["gen_ppl"] is not None else float("nan")
+        lines.append(
+            f"{head}| {r['sampler']} | {r['steps']} | {r['temperature']:g} | {ppl:.0f} "
+            f"| {r['entropy']:.2f} |"
+        )
+    ref = rows[0]
+    lines.append(
+        f"| real val text | | | | | | | {ref['reference_gen_ppl']:.0f} "
+        f"| {ref['reference_entropy']:.2f} |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def with_table(path: Path, text: str) -> str:
+    """The doc with its measured section replaced; hand-written prose around it kept."""
+    doc = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if BEGIN not in doc or END not in doc:
+        return f"{BEGIN}\n{text}{END}\n"
+    head, rest = doc.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n{text}{END}{rest.split(END, 1)[1]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train", action="store_true", help="run the multirun, then stop")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--runs", default="outputs/continuous/runs")
+    parser.add_argument("--out", default="docs/continuous")
+    parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--likelihood-sequences", type=int, default=32)
+    parser.add_argument("--likelihood-draws", type=int, default=2)
+    args = parser.parse_args()
+    runs = Path(args.runs)
+    if args.train:
+        train(args.minutes, args.jobs, runs.resolve())
+        return
+    scorer = load_scorer()
+    rows = []
+    for recipe in args.recipes.split(","):
+        rows += evaluate(recipe, runs / recipe / "model.safetensors", args, scorer)
+    out = Path(args.out)
+    atomic_write_text(out.with_suffix(".json"), json.dumps({"rows": rows}, indent=2) + "\n")
+    atomic_write_text(out.with_suffix(".md"), with_table(out.with_suffix(".md"), table(rows, args)))
+    print(table(rows, args))
+
+
+if __name__ == "__main__":
+    main()
