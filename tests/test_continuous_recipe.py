@@ -79,7 +79,7 @@ def test_proposals_importance_weighted_leave_the_bound_unbiased(kind):
 def test_densities_integrate_to_one():
     schedule = CosineSchedule()
     for sampler in (LogitNormal(shift=3.0), fitted_gumbel(schedule), fitted_warped()):
-        total, _ = quad(lambda t: float(sampler.density(torch.tensor([t]))), 0, 1, limit=200)
+        total, _ = quad(lambda t, s=sampler: float(s.density(torch.tensor([t]))), 0, 1, limit=200)
         assert total == pytest.approx(1.0, abs=2e-3)
 
 
