@@ -75,6 +75,39 @@ def test_time_samplers_instantiate_inside_each_process(process, sampler):
     assert type(obj.time_sampler).__name__.lower().endswith(sampler.replace("_", ""))
 
 
+RECIPES = {  # what each conf/recipe row must change in the built process (docs/continuous.md)
+    "today": ("GaussianProcess", "Warped", 1.0, []),
+    "shared": ("GaussianProcess", "Warped", 0.5, []),
+    "logit_normal": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "gumbel": ("GaussianProcess", "LogSNRGumbel", 0.5, []),
+    "self_cond": ("GaussianProcess", "Warped", 1.0, []),
+    "xpred": ("GaussianProcess", "Warped", 1.0, ["XPrediction", "PreconditionSkip"]),
+    "combined": ("GaussianProcess", "LogSNRGumbel", 0.5, ["XPrediction", "PreconditionSkip"]),
+    "masked": ("MaskedProcess", None, None, None),
+    "autoregressive": ("AutoregressiveProcess", None, None, None),
+}
+
+
+def test_every_recipe_row_has_an_expectation():
+    assert set(RECIPES) == set(options("recipe"))
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_each_recipe_builds_the_process_it_names(recipe):
+    kind, levels, token_noise, pieces = RECIPES[recipe]
+    cfg = compose_train(f"recipe={recipe}")
+    obj = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+    assert type(obj).__name__ == kind
+    if kind != "GaussianProcess":
+        return
+    assert type(obj.time_sampler).__name__ == levels and obj.token_noise == token_noise
+    assert [type(p).__name__ for p in obj.prediction] == pieces
+    assert (type(obj.input).__name__, cfg.phases.ar > 0) == (
+        ("VectorInput", False) if recipe == "self_cond" else ("PosteriorInput", True)
+    )
+    instantiate(cfg.network, **obj.network_kwargs, max_seq_len=9)
+
+
 @pytest.mark.parametrize("objective", options("objective"))
 @pytest.mark.parametrize("piece", options("input"))
 def test_inputs_and_objectives_instantiate_inside_the_gaussian_process(piece, objective):
@@ -241,6 +274,7 @@ def test_every_yaml_file_is_covered():
         "module",
         "cache",  # composed and built in tests/test_block.py::test_the_cache_group_builds_the_cache
         "task",
+        "recipe",  # test_each_recipe_builds_the_process_it_names
     }
     groups = {p.parent.name for p in Path(CONF).rglob("*.yaml") if p.parent != Path(CONF)}
     assert groups <= covered, groups - covered

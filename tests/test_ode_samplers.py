@@ -19,6 +19,7 @@ from cdlm.samplers import (
     SAMPLERS,
     make_grid,
     sample_adaptive,
+    sample_consistency,
     sample_ddim,
     sample_ddpm,
     sample_dpmpp_2m,
@@ -39,6 +40,7 @@ ALL_GAUSSIAN = [
     sample_euler_maruyama,
     sample_adaptive,
     sample_rolling,
+    sample_consistency,
 ]
 
 

@@ -202,6 +202,7 @@ CASES: dict[str, Case] = {
     "heun": Case("gaussian", heun_nfe, per_step),
     "dpmpp_2m": Case("gaussian", per_step, per_step),
     "euler_maruyama": Case("gaussian", per_step, per_step),
+    "consistency": Case("gaussian", per_step, per_step),
     # loose tolerances and one interval keep the solve to a handful of calls
     "adaptive": Case("gaussian", dormand_prince, per_step, 1, {"rtol": 1e-2, "atol": 1e-2}),
     "ancestral": Case("masked", steps_until_decided, steps_until_decided),

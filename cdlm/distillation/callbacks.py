@@ -66,7 +66,11 @@ class Rounds(L.Callback):
                     optimizer.state.clear()
             pl_module.round = wanted
         method = pl_module.method
-        teacher_steps = pl_module.steps * method.k if method.halves else method.solver_steps
+        teacher_steps = (
+            pl_module.steps * method.teacher_steps_per_step
+            if method.halves
+            else method.solver_steps
+        )
         rank_zero_info(
             f"distillation round {pl_module.round + 1}/{len(counts)} ({method.name}): "
             f"teacher {teacher_steps} steps -> student {pl_module.steps} steps"

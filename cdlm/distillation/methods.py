@@ -50,7 +50,7 @@ class Progressive:
         if teacher_steps_per_step < 1:
             raise ValueError(f"teacher_steps_per_step must be >= 1, got {teacher_steps_per_step}")
         self.ce_weight, self.max_weight = ce_weight, max_weight
-        self.k = teacher_steps_per_step
+        self.teacher_steps_per_step = teacher_steps_per_step
 
     def loss(
         self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
@@ -58,7 +58,7 @@ class Progressive:
         tokens, valid = batch["tokens"], valid_mask(batch)
         t, t_end = _grid_draw(tokens.shape[0], steps, tokens.device, generator)
         c = process.corrupt(tokens, t, generator)
-        target = progressive_target(teacher, process, c.x_t, t, t_end, self.k)
+        target = progressive_target(teacher, process, c.x_t, t, t_end, self.teacher_steps_per_step)
         pred = student(c.x_t, t)
         snr = (process.schedule.alpha(t) / process.schedule.sigma(t)) ** 2
         weight = snr.clamp(1.0, self.max_weight)[:, None]
@@ -140,7 +140,7 @@ class SDTT:
                 "(ReverseKL, ForwardKL, LogProbMSE)"
             )
         self.divergence = ReverseKL() if divergence is None else divergence
-        self.k = teacher_steps_per_step
+        self.teacher_steps_per_step = teacher_steps_per_step
 
     def loss(
         self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
@@ -150,8 +150,8 @@ class SDTT:
         t = float(process.sample_t(1, generator, device=tokens.device))
         t_rows = torch.full((tokens.shape[0],), t, device=tokens.device)
         c = process.corrupt(tokens, t_rows, generator)
-        dt = 1.0 / (steps * self.k)
-        target = sdtt_target(teacher, process, c, t, dt, self.k, generator)
+        dt = 1.0 / (steps * self.teacher_steps_per_step)
+        target = sdtt_target(teacher, process, c, t, dt, self.teacher_steps_per_step, generator)
         scored = c.noisy & valid
         student_logp = process.predict(student, c).logits
         div = self.divergence(student_logp[scored], target[scored])

@@ -6,7 +6,7 @@ from cdlm.samplers.base import SAMPLERS, SampleOutput, StepInfo, check_compatibl
 from cdlm.samplers.gaussian import sample_ddim, sample_ddpm, sample_rolling
 from cdlm.samplers.grids import GRIDS, karras_grid, logsnr_grid, make_grid, uniform_grid
 from cdlm.samplers.ode import sample_dpmpp_2m, sample_euler, sample_heun
-from cdlm.samplers.sde import sample_euler_maruyama
+from cdlm.samplers.sde import sample_consistency, sample_euler_maruyama
 
 __all__ = [
     "GRIDS",
@@ -18,6 +18,7 @@ __all__ = [
     "logsnr_grid",
     "make_grid",
     "sample_adaptive",
+    "sample_consistency",
     "sample_ddim",
     "sample_ddpm",
     "sample_dpmpp_2m",
