@@ -50,16 +50,21 @@ SAMPLERS = {
     "autoregressive": [("ar", "ar", {"stop_at_eos": False}, 1, 1.0)],
 }
 CONTEXT_TIMES = (0.7, 0.8, 0.9)
-BEGIN, END = "<!-- measured: experiments/continuous.py -->", "<!-- end measured -->"
+END = "<!-- end measured -->"
 
 
-def train(minutes: float, jobs: int, runs: Path) -> None:
-    """The multirun: every recipe on the quickstart budget, ``jobs`` at a time, one thread each."""
+def begin(minutes: float) -> str:
+    """The marker of one budget's measured section (each budget is its own run and section)."""
+    return f"<!-- measured: experiments/continuous.py --minutes {minutes:g} -->"
+
+
+def train(recipes: str, minutes: float, jobs: int, runs: Path) -> None:
+    """The multirun: the ``recipes`` on one budget, ``jobs`` at a time, one thread each."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     args = [
         "-m",
         "experiment=quickstart",
-        f"recipe={','.join(RECIPES)}",
+        f"recipe={recipes}",
         f"trainer.max_time={duration(minutes * 60)}",
         "logger=csv",
         "hydra/launcher=joblib",
@@ -74,7 +79,8 @@ def train(minutes: float, jobs: int, runs: Path) -> None:
 def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[dict]:
     model = load_model(ckpt)
     process = model.process.kind
-    common = {"process": process, "recipe": recipe, "train_steps": last_step(ckpt.parent)}
+    common = {"process": process, "recipe": recipe, "budget_minutes": args.minutes}
+    common["train_steps"] = last_step(ckpt.parent)
     context = {}
     if model.process.noise_levels:
         data = corpus_split(model)
@@ -161,13 +167,21 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def with_table(path: Path, text: str) -> str:
-    """The doc with its measured section replaced; hand-written prose around it kept."""
-    doc = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if BEGIN not in doc or END not in doc:
-        return f"{BEGIN}\n{text}{END}\n"
-    head, rest = doc.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{text}{END}{rest.split(END, 1)[1]}"
+def with_table(path: Path, text: str, minutes: float) -> str:
+    """The doc with this budget's measured section replaced (appended when new); hand-written
+    prose and the other budgets' sections kept."""
+    doc, mark = (path.read_text(encoding="utf-8") if path.is_file() else ""), begin(minutes)
+    if mark not in doc:
+        return f"{doc}\n{mark}\n{text}{END}\n"
+    head, rest = doc.split(mark, 1)
+    return f"{head}{mark}\n{text}{END}{rest.split(END, 1)[1]}"
+
+
+def with_rows(path: Path, rows: list[dict], minutes: float) -> str:
+    """The JSON with this budget's rows replaced, the other budgets' kept."""
+    old = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.is_file() else []
+    kept = [r for r in old if r.get("budget_minutes", 10.0) != minutes]
+    return json.dumps({"rows": kept + rows}, indent=2) + "\n"
 
 
 def main() -> None:
@@ -184,15 +198,16 @@ def main() -> None:
     args = parser.parse_args()
     runs = Path(args.runs)
     if args.train:
-        train(args.minutes, args.jobs, runs.resolve())
+        train(args.recipes, args.minutes, args.jobs, runs.resolve())
         return
     scorer = load_scorer()
     rows = []
     for recipe in args.recipes.split(","):
         rows += evaluate(recipe, runs / recipe / "model.safetensors", args, scorer)
     out = Path(args.out)
-    atomic_write_text(out.with_suffix(".json"), json.dumps({"rows": rows}, indent=2) + "\n")
-    atomic_write_text(out.with_suffix(".md"), with_table(out.with_suffix(".md"), table(rows, args)))
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    atomic_write_text(json_path, with_rows(json_path, rows, args.minutes))
+    atomic_write_text(md_path, with_table(md_path, table(rows, args), args.minutes))
     print(table(rows, args))
 
 
