@@ -13,9 +13,11 @@ from scipy.integrate import quad
 from cdlm.data.corpus import Document
 from cdlm.data.tokenizer import train_bpe, wrap
 from cdlm.denoiser import Prediction, SelfCondGuided
+from cdlm.likelihood.elbo import elbo
 from cdlm.model_file import Model, load_model, save_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.objectives import CrossEntropy
 from cdlm.processes.parameterization import (
     PosteriorInput,
     PreconditionSkip,
@@ -110,10 +112,10 @@ def test_importance_weight_divides_each_token_loss_by_the_density(monkeypatch):
 class Spy(torch.nn.Module):
     """A network whose output is a fixed function of its input, recording the keywords it got."""
 
-    def __init__(self, out_dim: int) -> None:
+    def __init__(self, out_dim: int, in_dim: int = 4) -> None:
         super().__init__()
         self.out_dim, self.seen = out_dim, []
-        self.proj = torch.nn.Linear(4, out_dim)
+        self.proj = torch.nn.Linear(in_dim, out_dim)
 
     def forward(self, x, t, self_cond=None, **kwargs):
         self.seen.append(sorted(kwargs))
@@ -153,6 +155,62 @@ def test_x0_head_can_leave_the_hull_and_trains_its_x0():
     assert "x0_mse" in out.metrics and float(out.metrics["x0_mse"]) > 100
 
 
+def posterior_x0_process(base: str | None) -> GaussianProcess:
+    """Posterior input, readout skip, and (unless ``base`` is None) an x0 head with that skip."""
+    prediction = [] if base is None else [XPrediction(), PreconditionSkip(base=base)]
+    torch.manual_seed(0)  # the same embedding table for every base
+    return GaussianProcess(
+        vocab_size=11, embed_dim=4, input=PosteriorInput(),
+        objective=CrossEntropy(readout_skip=True), prediction=prediction,
+    )  # fmt: skip
+
+
+def head_and_logits(bias: float) -> tuple[Spy, Spy]:
+    """A network with an x0 head fixed at ``bias`` and one with only its logit columns."""
+    torch.manual_seed(1)
+    headed, plain = Spy(15, in_dim=11), Spy(11, in_dim=11)
+    with torch.no_grad():
+        headed.proj.weight[11:] = 0.0
+        headed.proj.bias[11:] = bias
+        plain.proj.weight.copy_(headed.proj.weight[:11])
+        plain.proj.bias.copy_(headed.proj.bias[:11])
+    return headed, plain
+
+
+def test_readout_skip_base_is_the_ce_estimate_plus_a_noise_gated_correction():
+    process, ce = posterior_x0_process("readout"), posterior_x0_process(None)
+    head, logits_only = head_and_logits(3.0)
+    headed, plain = process.make_denoiser(head), ce.make_denoiser(logits_only)
+    x, t = torch.randn(2, 5, 4), torch.tensor([0.3, 0.8])
+    a, b = headed(x, t), plain(x, t)
+    torch.testing.assert_close(a.logits, b.logits)  # the readout skip is kept
+    gate = (process.schedule.sigma(t) ** 2)[:, None, None]
+    torch.testing.assert_close(a.x0, b.x0 + 3.0 * gate.expand(2, 5, 4))
+    low = torch.zeros(2)  # t = 0: sigma^2 ~ 0, the CE estimate alone
+    torch.testing.assert_close(headed(x, low).x0, plain(x, low).x0, atol=1e-3, rtol=0)
+
+
+def test_readout_base_keeps_the_bound_where_the_x_t_skip_blows_it_up():
+    """F = 0: the readout base's bound is the CE model's. EDM's x_t skip, fed the posterior
+    input, leaves c_skip x_t's noise in x0; at low noise the bound's integrand exp(logsnr)
+    |e - x0|^2 is then ~D per token, where the CE estimate's is near 0."""
+    tokens = torch.randint(0, 11, (4, 6), generator=torch.Generator().manual_seed(2))
+    bounds, integrand = {}, {}
+    for base, index in (("readout", 0), (None, 1), ("x_t", 0)):
+        process = posterior_x0_process(base)
+        denoiser = process.make_denoiser(head_and_logits(0.0)[index])
+        gen = torch.Generator().manual_seed(3)
+        bounds[base] = elbo(denoiser, process, tokens, generator=gen, t_samples=4)
+        logsnr = torch.full((4,), 8.0, dtype=torch.float64)
+        t = process.schedule.t_from_logsnr(logsnr).float()
+        e = process.embedding(tokens).detach()
+        x_t = process.noised(e, t, torch.randn(e.shape, generator=gen))
+        error = (e - denoiser(x_t, t).x0).pow(2).sum(-1).mean()
+        integrand[base] = float(logsnr[0].exp() * error)
+    torch.testing.assert_close(bounds["readout"].total, bounds[None].total)
+    assert integrand["x_t"] > 0.5 * 4 > 10 * integrand[None]
+
+
 def test_pieces_are_checked():
     with pytest.raises(ValueError, match="needs an XPrediction before it"):
         GaussianProcess(vocab_size=11, embed_dim=4, prediction=[PreconditionSkip()])
@@ -160,14 +218,15 @@ def test_pieces_are_checked():
         GaussianProcess(vocab_size=11, embed_dim=4, prediction=["skip"])
 
 
-def test_x0_pieces_round_trip_through_a_model_file(tmp_path):
+@pytest.mark.parametrize("base", ["x_t", "readout"])
+def test_x0_pieces_round_trip_through_a_model_file(tmp_path, base):
     torch.manual_seed(0)
     tok = wrap(train_bpe([Document("the cat sat on the mat " * 20, "x")], 280).to_str())
     process = GaussianProcess(
         vocab_size=len(tok),
         embed_dim=8,
         input=PosteriorInput(),
-        prediction=[XPrediction(weight=0.5), PreconditionSkip()],
+        prediction=[XPrediction(weight=0.5), PreconditionSkip(base=base)],
     )
     net_kwargs = {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 16}
     network = Transformer(**net_kwargs, **process.network_kwargs)
@@ -180,7 +239,7 @@ def test_x0_pieces_round_trip_through_a_model_file(tmp_path):
             "input": {"_target_": f"{pieces}.PosteriorInput"},
             "prediction": [
                 {"_target_": f"{pieces}.XPrediction", "weight": 0.5},
-                {"_target_": f"{pieces}.PreconditionSkip"},
+                {"_target_": f"{pieces}.PreconditionSkip", "base": base},
             ],
         },
         "network": {"_target_": "cdlm.networks.transformer.Transformer"}
@@ -200,6 +259,7 @@ def test_x0_pieces_round_trip_through_a_model_file(tmp_path):
         "XPrediction",
         "PreconditionSkip",
     ]
+    assert loaded.process.prediction[1].base == base
 
 
 def scripted(x, t, self_cond=None, **kwargs):

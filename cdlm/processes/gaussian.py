@@ -138,7 +138,10 @@ class GaussianProcess(ProcessModule):
         )
         for piece in self.prediction:
             base = piece.wrap(base, self)
-        return self.objective.wrap(base, self.embedding, self.schedule, temperature)
+        denoiser = self.objective.wrap(base, self.embedding, self.schedule, temperature)
+        for piece in self.prediction:
+            denoiser = piece.wrap_outer(denoiser, self)
+        return denoiser
 
     def sampling_denoiser(
         self,

@@ -5,12 +5,12 @@ The pieces compose instead of interlocking flags, each chosen in the config by `
 * an **input** (``VectorInput``: the network reads x_t, optionally self-conditioned; or
   ``PosteriorInput``: it reads each position's no-context posterior over tokens, optionally with
   Dream-style shifted prediction);
-* an **objective** (``cdlm.processes.objectives``) that fixes the network's output (logits or
-  x0) and the loss;
+* an **objective** (``cdlm.processes.objectives``): the network's output (logits or x0), loss;
 * **prediction wrappers** (``ReadoutSkip``, ``Temperature``, ``ExpectedEmbedding``,
   ``NearestReadout``): denoisers around denoisers, where a piece acts on predictions;
-* **prediction pieces** (``XPrediction``, ``PreconditionSkip``; ``process.prediction``), each
-  widening the network's output and/or wrapping its denoiser and adding a loss term.
+* **prediction pieces** (``XPrediction``, ``PreconditionSkip``; ``process.prediction``): each
+  widens the output, wraps the denoiser inside (``wrap``) or outside (``wrap_outer``) the
+  objective's wrappers, and adds a loss term.
 """
 
 from __future__ import annotations
@@ -186,9 +186,7 @@ class _Skip(Wrapper):
 
     def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
         pred = self.denoiser(x_t, t, self_cond, **kwargs)
-        c_skip, c_out = (
-            per_position(c) for c in skip_coefficients(self.schedule, t, self.sigma_data)
-        )
+        c_skip, c_out = map(per_position, skip_coefficients(self.schedule, t, self.sigma_data))
         return Prediction(logits=pred.logits, x0=(c_skip * x_t + c_out * pred.x0).to(x_t.dtype))
 
 
@@ -206,7 +204,7 @@ class XPrediction:
     outputs ``embed_dim`` more columns, read as the x0 estimate the samplers step with, not
     confined to the hull of the embeddings as softmax(logits) @ E is. Trained by ``weight``
     times ||x0_hat - x0||^2 (summed over the embedding, averaged over positions) beside the CE,
-    which keeps the logits a readout. Sampling temperature then acts on the logits only."""
+    which keeps the logits a readout."""
 
     def __init__(self, weight: float = 1.0) -> None:
         if weight <= 0:
@@ -219,30 +217,63 @@ class XPrediction:
     def wrap(self, denoiser: Denoiser, process) -> Denoiser:
         return _SplitX0(denoiser, process.embed_dim)
 
+    def wrap_outer(self, denoiser: Denoiser, process) -> Denoiser:
+        return denoiser
+
     def loss(self, pred: Prediction, c, valid: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         error = (pred.x0.float() - c.x0.float()).pow(2).sum(-1)
         mse = (error * valid).sum() / valid.sum().clamp_min(1)
         return self.weight * mse, {"x0_mse": mse.detach()}
 
 
-class PreconditionSkip:
-    """The preconditioning skip of EDM (Karras et al. 2022, Sec. 5) on the x0 head: x0 =
-    c_skip x_t + c_out F, so that at low noise the estimate starts from x_t itself and the
-    network learns a unit-scale correction (LangFlow's skip, Chen et al. 2026). Needs an
-    ``XPrediction`` before it. ``sigma_data``: the per-dimension std of the embeddings (default:
-    the process's ``embed_scale``, the per-dimension RMS of rows of norm embed_scale sqrt(d))."""
+class _ReadoutBase(Wrapper):
+    """x0 = softmax(logits) @ E + sigma(t)^2 F, outside the objective's wrappers (so the logits
+    carry the readout skip)."""
 
-    def __init__(self, sigma_data: float | None = None) -> None:
+    def __init__(self, denoiser: Denoiser, embedding: nn.Module, schedule) -> None:
+        self.denoiser, self.embedding, self.schedule = denoiser, embedding, schedule
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        pred = self.denoiser(x_t, t, self_cond, **kwargs)
+        table = self.embedding.table().to(pred.logits.dtype)
+        base = torch.softmax(pred.logits, dim=-1) @ table
+        gate = per_position(self.schedule.sigma(t.float()) ** 2)
+        return Prediction(logits=pred.logits, x0=(base + gate * pred.x0).to(x_t.dtype))
+
+
+class PreconditionSkip:
+    """A skip on the x0 head, so that the network learns a correction, not x0 from scratch.
+
+    ``base="x_t"``: EDM's preconditioning (Karras et al. 2022, Sec. 5; LangFlow's skip, Chen et
+    al. 2026), x0 = c_skip x_t + c_out F, with ``sigma_data`` the per-dimension std of the
+    embeddings (default: the process's ``embed_scale``). It needs a network that sees x_t: the
+    noise in c_skip x_t is cancelled only by an F that reads it; the VDM bound weights x0 error
+    by the SNR, so with the posterior input a token pays ~D/2 nats per unit of log-SNR.
+
+    ``base="readout"``: x0 = softmax(logits) @ E + sigma(t)^2 F: the CE estimate at low noise
+    (the bound's weight exp(logsnr) sigma^4 -> 0 keeps F out), free to leave the hull at high
+    noise. Both need ``XPrediction`` before it."""
+
+    def __init__(self, sigma_data: float | None = None, base: str = "x_t") -> None:
         if sigma_data is not None and sigma_data <= 0:
             raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
-        self.sigma_data = sigma_data
+        if base not in ("x_t", "readout"):
+            raise ValueError(f"PreconditionSkip base must be 'x_t' or 'readout', got {base!r}")
+        self.sigma_data, self.base = sigma_data, base
 
     def extra_out_dim(self, embed_dim: int) -> int:
         return 0
 
     def wrap(self, denoiser: Denoiser, process) -> Denoiser:
+        if self.base == "readout":
+            return denoiser
         sigma_data = self.sigma_data if self.sigma_data is not None else process.embedding.scale
         return _Skip(denoiser, process.schedule, sigma_data)
+
+    def wrap_outer(self, denoiser: Denoiser, process) -> Denoiser:
+        if self.base == "x_t":
+            return denoiser
+        return _ReadoutBase(denoiser, process.embedding, process.schedule)
 
     def loss(self, pred: Prediction, c, valid: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         return torch.zeros((), device=valid.device), {}
