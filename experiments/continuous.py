@@ -80,6 +80,7 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
     model = load_model(ckpt)
     process = model.process.kind
     common = {"process": process, "recipe": recipe, "budget_minutes": args.minutes}
+    common["parallel_runs"] = args.jobs
     common["train_steps"] = last_step(ckpt.parent)
     context = {}
     if model.process.noise_levels:
@@ -131,9 +132,11 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
+    shares = sorted({r.get("parallel_runs", 2) for r in rows})
     lines = [
-        f"Budget: {args.minutes:g} minutes of wall clock per row, {args.jobs} runs at a time on "
-        "the 2-core CPU, one thread each (the `--train` multirun). "
+        f"Budget: {args.minutes:g} minutes of wall clock per row, "
+        f"{' or '.join(map(str, shares))} runs at a time on the 2-core CPU (`parallel_runs` "
+        "in the JSON), one thread each (the `--train` multirun). "
         f"{args.num_samples} samples of 128 tokens per row, scored by SmolLM2-135M; bound over "
         f"{args.likelihood_sequences} val sequences x {args.likelihood_draws} noise draws.",
         "",
@@ -177,11 +180,14 @@ def with_table(path: Path, text: str, minutes: float) -> str:
     return f"{head}{mark}\n{text}{END}{rest.split(END, 1)[1]}"
 
 
-def with_rows(path: Path, rows: list[dict], minutes: float) -> str:
-    """The JSON with this budget's rows replaced, the other budgets' kept."""
+def merged(path: Path, rows: list[dict]) -> list[dict]:
+    """The JSON's rows with those of each (budget, recipe) in ``rows`` replaced, so that a
+    retrained recipe replaces its own rows and leaves the rest of its budget standing."""
     old = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.is_file() else []
-    kept = [r for r in old if r.get("budget_minutes", 10.0) != minutes]
-    return json.dumps({"rows": kept + rows}, indent=2) + "\n"
+    new = {(r["budget_minutes"], r["recipe"]) for r in rows}
+    kept = [r for r in old if (r["budget_minutes"], r["recipe"]) not in new]
+    order = {name: i for i, name in enumerate(RECIPES)}
+    return sorted(kept + rows, key=lambda r: (r["budget_minutes"], order.get(r["recipe"], 99)))
 
 
 def main() -> None:
@@ -206,9 +212,11 @@ def main() -> None:
         rows += evaluate(recipe, runs / recipe / "model.safetensors", args, scorer)
     out = Path(args.out)
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
-    atomic_write_text(json_path, with_rows(json_path, rows, args.minutes))
-    atomic_write_text(md_path, with_table(md_path, table(rows, args), args.minutes))
-    print(table(rows, args))
+    every = merged(json_path, rows)
+    budget = [r for r in every if r["budget_minutes"] == args.minutes]
+    atomic_write_text(json_path, json.dumps({"rows": every}, indent=2) + "\n")
+    atomic_write_text(md_path, with_table(md_path, table(budget, args), args.minutes))
+    print(table(budget, args))
 
 
 if __name__ == "__main__":
