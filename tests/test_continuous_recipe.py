@@ -285,6 +285,28 @@ def test_self_cond_scale_needs_a_self_conditioned_model():
         process.sampling_denoiser(Spy(11), self_cond_scale=2.0)
 
 
+def test_self_cond_guidance_counts_both_passes_in_nfe():
+    """generate's NFE and positions are the network's own: with scale 2 every call but the
+    first (no estimate yet) runs twice."""
+    from conftest import draw_from
+    from test_guidance import Tok
+    from test_sampler_contract import Spy as Counter
+    from test_sampler_contract import make_network, make_process
+
+    from cdlm.sampling import named_sampler
+
+    process = make_process("gaussian").float()
+    network = make_network(process).float()
+    for scale, calls in ((1.0, 5), (2.0, 9)):
+        counter = Counter(network)
+        gen = draw_from(
+            process, network, Tok(), named_sampler("ddpm"), steps=5, num_samples=1, seq_len=6, seed=0,
+            cut_at_eos=False, guidance=None, denoising={"self_cond_scale": scale},
+        )  # fmt: skip
+        assert counter.calls == calls and gen.nfe == calls
+        assert gen.positions == counter.positions
+
+
 def test_consistency_sampler_renoises_the_estimate_afresh():
     """Each step is alpha_s x0_hat + sigma_s z with fresh z: with a constant estimate c, the
     state before the last step is exactly that, and the last step returns c."""

@@ -128,10 +128,16 @@ def test_ode_samplers_carry_the_prior_to_the_data_moments(sampler, steps, grid, 
     torch.testing.assert_close(cov, data.cov, atol=1e-2, rtol=0)
 
 
-@pytest.mark.parametrize("sampler", [sample_ddpm, sample_euler_maruyama])
+@pytest.mark.parametrize(
+    "sampler",
+    [sample_ddpm] + [functools.partial(sample_euler_maruyama, churn=c) for c in (1.0, 1.5)],
+    ids=["ddpm", "churn1", "churn1.5"],
+)
 def test_sde_samplers_match_the_data_in_distribution(sampler):
     """Monte Carlo: 20000 draws give standard errors <= sqrt(8 / 20000) = 0.02 on Sigma's entries
-    (largest eigenvalue 2) and <= 0.01 on the mean; tolerances are ~4 standard errors."""
+    (largest eigenvalue 2) and <= 0.01 on the mean; tolerances are ~4 standard errors. Churn < 1
+    is left out: on this 200-step uniform grid its first-order error is larger than that (the
+    covariance is off by 10 at churn 0, 1.9 at 0.5), halving as the steps double."""
     data = GaussianData(logsnr_min=-12.0)
     g = torch.Generator().manual_seed(1)
     x1 = torch.randn(20000, 1, data.d, generator=g, dtype=F64)

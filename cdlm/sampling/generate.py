@@ -27,7 +27,8 @@ def generate(
 
     The same seed gives the same samples: all randomness comes from one generator on the model's
     device (prompt guidance's blanks from a second one, so that the sampling stream stays that of
-    unguided sampling). NFE and positions count both passes of a guided call.
+    unguided sampling). NFE and positions count both passes of a guided call (classifier-free or
+    self-conditioning guidance).
     """
     process, network = model.process, model.network
     check_compatible(sampler, process.kind)
@@ -61,7 +62,15 @@ def generate(
     positions = out.positions if out.positions is not None else out.nfe * plan.seq_len
     mean = {key: sum(s[key] for s in stats) / len(stats) for key in out.stats}
     wall = time.perf_counter() - start
-    return Generation(samples, out.nfe * passes, positions * passes, wall, mean)
+    extra = _self_cond_extra(plan, out.nfe)  # > 0 only where out.nfe > 1
+    positions += positions * extra // out.nfe if extra else 0
+    return Generation(samples, (out.nfe + extra) * passes, positions * passes, wall, mean)
+
+
+def _self_cond_extra(plan: Plan, nfe: int) -> int:
+    """The second passes of self-conditioning guidance (``SelfCondGuided``): every call but the
+    first, which has no estimate yet, runs cond and uncond when the scale is neither 0 nor 1."""
+    return max(nfe - 1, 0) if plan.denoising.get("self_cond_scale", 1.0) not in (0.0, 1.0) else 0
 
 
 def _conditioned(
