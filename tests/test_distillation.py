@@ -639,6 +639,72 @@ def test_per_round_rounds_pass_on_the_ema_and_choose_the_teacher(
     assert len(students) == 2
 
 
+@pytest.mark.parametrize("teacher_each_round", ["original", "previous"])
+def test_a_run_resumed_in_round_2_keeps_its_round_and_teacher(
+    tiny_corpus, tmp_path, teacher_each_round
+):
+    """Interrupted after 4 of 6 steps (in round 2 of 2), a fresh module resumed from the
+    Lightning checkpoint runs the last two steps in round 2, with round 2's teacher (the
+    original or round 1's student) restored from the checkpoint, not the one it was built with."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from cdlm.data import TextDataModule
+
+    data = TextDataModule(path=str(tiny_corpus), vocab_size=300, seq_len=8, batch_size=4)
+    data.setup()
+    torch.manual_seed(0)
+    process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=4, input=PosteriorInput())
+
+    def build(seed):
+        torch.manual_seed(seed)
+        teacher = Transformer(**TINY_NET, **process.network_kwargs)
+        return Distillation(
+            process,
+            student_of(teacher),
+            teacher,
+            Progressive(),
+            lambda p: torch.optim.AdamW(p, lr=1e-2),
+            start_steps=4,
+            end_steps=1,
+            teacher_each_round=teacher_each_round,
+            per_round=True,
+        )
+
+    rounds = []
+
+    class Watch(RoundEnd):
+        def on_before_backward(self, trainer, pl_module, loss):
+            rounds.append((trainer.global_step, pl_module.round))
+
+    def fit(module, max_steps, callbacks, ckpt_path=None):
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[Watch(), *callbacks],
+        )
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+
+    keep = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    first = build(0)
+    fit(first, 6, [keep])
+    (path,) = (tmp_path / "ckpt").glob("*step=4.ckpt")
+    saved = torch.load(path, weights_only=True)
+    round_2_teacher = saved["distillation"]["teacher"]
+    rounds.clear()
+    resumed = build(1)  # other weights, so a teacher not restored would show
+    fit(resumed, 6, [], ckpt_path=path)
+    assert saved["distillation"]["round"] == 1 and rounds == [(4, 1), (5, 1)]
+    assert_same_weights(resumed.teacher.state_dict(), round_2_teacher)
+    if teacher_each_round == "original":
+        assert_same_weights(round_2_teacher, first.teacher.state_dict())
+
+
 def test_per_round_lr_warms_up_and_decays_within_each_round(monkeypatch):
     import cdlm.distillation.module as module_file
 
