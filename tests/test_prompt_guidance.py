@@ -81,7 +81,8 @@ class Blind:
     def __call__(self, x, t=None, self_cond=None, **kw):
         if x.is_floating_point():
             x = torch.where(self.where[..., None], self.blank, x)
-            t = torch.where(self.where, 1.0, t[:, None].expand(self.where.shape))
+            per_token = t if t.dim() == 2 else t[:, None]  # rolling samplers: one t per token
+            t = torch.where(self.where, 1.0, per_token.expand(self.where.shape))
         else:
             x = torch.where(self.where, self.blank, x)
         return self.denoiser(x, t, self_cond, **kw)
