@@ -44,7 +44,7 @@ def test_a_rows_peak_memory_is_its_own():
     allocates nothing reads small: the lifetime maximum only grew down the table."""
     cpu = torch.device("cpu")
     with PeakMemory(cpu) as big:
-        _allocate(128, 0.05)
+        _allocate(128, 0.5)  # held long enough for the sampling thread to wake under load
     with PeakMemory(cpu) as small:
         time.sleep(0.05)
     assert big.result.kind == small.result.kind == "rss"
