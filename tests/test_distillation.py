@@ -368,6 +368,38 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[k].cpu(), b[k].cpu()), k
 
 
+def tiny_trainer(tmp_path, max_steps: int, callbacks: list, checkpointing: bool = False):
+    """A quiet CPU Trainer for the real multi-round runs: no validation, logger or progress."""
+    import lightning as L
+
+    return L.Trainer(
+        max_steps=max_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+    )
+
+
+def per_round_distillation(process, teacher, teacher_each_round: str, method) -> Distillation:
+    """Progressive distillation from 4 steps to 1 in two rounds, each with its own LR and EMA."""
+    return Distillation(
+        process,
+        student_of(teacher),
+        teacher,
+        method,
+        lambda p: torch.optim.AdamW(p, lr=1e-2),
+        start_steps=4,
+        end_steps=1,
+        teacher_each_round=teacher_each_round,
+        per_round=True,
+    )
+
+
 @pytest.mark.parametrize("kind", ["gaussian", "masked"])
 def test_two_rounds_hand_the_student_to_the_teacher_and_halve_the_steps(
     tiny_corpus, tmp_path, kind, caplog
@@ -377,7 +409,6 @@ def test_two_rounds_hand_the_student_to_the_teacher_and_halve_the_steps(
     student written to round_dir and evaluated, the teacher not yet replaced), the round-1
     student becomes the teacher, and the last two batches train the 1-step student against it.
     The end of training ends round 2."""
-    import lightning as L
 
     from cdlm.data import TextDataModule
     from cdlm.model_file import load_model
@@ -431,17 +462,7 @@ def test_two_rounds_hand_the_student_to_the_teacher_and_halve_the_steps(
         round_dir=str(tmp_path / "rounds"),
     )
     record = RecordRounds()
-    trainer = L.Trainer(
-        max_steps=4,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[record],
-    )
+    trainer = tiny_trainer(tmp_path, 4, [record])
     with caplog.at_level("INFO"):
         trainer.fit(module, datamodule=data)
 
@@ -579,7 +600,6 @@ def test_per_round_rounds_pass_on_the_ema_and_choose_the_teacher(
     """Two real rounds with ``per_round``: round 1's student (as saved and scored) is its EMA;
     round 2 starts from it with a fresh optimizer state and a restarted LR warmup; its teacher
     is the original one or round 1's student, as configured (k = 4 teacher sub-steps)."""
-    import lightning as L
 
     from cdlm.data import TextDataModule
     from cdlm.training.ema import EMA
@@ -590,16 +610,8 @@ def test_per_round_rounds_pass_on_the_ema_and_choose_the_teacher(
     process = GaussianProcess(vocab_size=data.vocab_size, embed_dim=4, input=PosteriorInput())
     teacher = Transformer(**TINY_NET, **process.network_kwargs)
     original = {k: v.clone() for k, v in teacher.state_dict().items()}
-    module = Distillation(
-        process,
-        student_of(teacher),
-        teacher,
-        Progressive(teacher_steps_per_step=4),
-        lambda p: torch.optim.AdamW(p, lr=1e-2),
-        start_steps=4,
-        end_steps=1,
-        teacher_each_round=teacher_each_round,
-        per_round=True,
+    module = per_round_distillation(
+        process, teacher, teacher_each_round, Progressive(teacher_steps_per_step=4)
     )
     ema = EMA(decay=0.9)
     seen = []
@@ -616,18 +628,7 @@ def test_per_round_rounds_pass_on_the_ema_and_choose_the_teacher(
             state = {k: v.clone() for k, v in pl_module.network.state_dict().items()}
             seen.append((pl_module.round, None, len(opt.state), state))
 
-    trainer = L.Trainer(
-        max_steps=6,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[ema, Watch()],
-    )
-    trainer.fit(module, datamodule=data)
+    tiny_trainer(tmp_path, 6, [ema, Watch()]).fit(module, datamodule=data)
     batches = [s for s in seen if isinstance(s, tuple)]
     students = [s for s in seen if isinstance(s, dict)]
     assert [b[0] for b in batches] == [0, 0, 0, 1, 1, 1]
@@ -646,7 +647,6 @@ def test_a_run_resumed_in_round_2_keeps_its_round_and_teacher(
     """Interrupted after 4 of 6 steps (in round 2 of 2), a fresh module resumed from the
     Lightning checkpoint runs the last two steps in round 2, with round 2's teacher (the
     original or round 1's student) restored from the checkpoint, not the one it was built with."""
-    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from cdlm.data import TextDataModule
@@ -659,17 +659,7 @@ def test_a_run_resumed_in_round_2_keeps_its_round_and_teacher(
     def build(seed):
         torch.manual_seed(seed)
         teacher = Transformer(**TINY_NET, **process.network_kwargs)
-        return Distillation(
-            process,
-            student_of(teacher),
-            teacher,
-            Progressive(),
-            lambda p: torch.optim.AdamW(p, lr=1e-2),
-            start_steps=4,
-            end_steps=1,
-            teacher_each_round=teacher_each_round,
-            per_round=True,
-        )
+        return per_round_distillation(process, teacher, teacher_each_round, Progressive())
 
     rounds = []
 
@@ -677,28 +667,19 @@ def test_a_run_resumed_in_round_2_keeps_its_round_and_teacher(
         def on_before_backward(self, trainer, pl_module, loss):
             rounds.append((trainer.global_step, pl_module.round))
 
-    def fit(module, max_steps, callbacks, ckpt_path=None):
-        trainer = L.Trainer(
-            max_steps=max_steps,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-            callbacks=[Watch(), *callbacks],
-        )
+    def fit(module, callbacks, ckpt_path=None):
+        trainer = tiny_trainer(tmp_path, 6, [Watch(), *callbacks], checkpointing=True)
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 
     keep = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
     first = build(0)
-    fit(first, 6, [keep])
+    fit(first, [keep])
     (path,) = (tmp_path / "ckpt").glob("*step=4.ckpt")
     saved = torch.load(path, weights_only=True)
     round_2_teacher = saved["distillation"]["teacher"]
     rounds.clear()
     resumed = build(1)  # other weights, so a teacher not restored would show
-    fit(resumed, 6, [], ckpt_path=path)
+    fit(resumed, [], ckpt_path=path)
     assert saved["distillation"]["round"] == 1 and rounds == [(4, 1), (5, 1)]
     assert_same_weights(resumed.teacher.state_dict(), round_2_teacher)
     if teacher_each_round == "original":
