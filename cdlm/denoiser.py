@@ -45,6 +45,11 @@ def readout_evidence(embedding: nn.Module, schedule: nn.Module, x_t: Tensor, t: 
     return per_position(gain) * embedding.logits(x_t)
 
 
+def expected_embedding(logits: Tensor, embedding: nn.Module) -> Tensor:
+    """softmax(logits) @ E: the posterior-mean embedding of a logits prediction (CDCD's x0)."""
+    return torch.softmax(logits, dim=-1) @ embedding.table().to(logits.dtype)
+
+
 class Denoiser(Protocol):
     def __call__(
         self,
@@ -69,6 +74,12 @@ def columns(v: Tensor, positions: Tensor | None) -> Tensor:
         *positions.shape, *v.shape[2:]
     )
     return v.gather(1, index)
+
+
+def mixing_passes(scale: float) -> int:
+    """Network passes per call of a guided mix uncond + scale (cond - uncond): one at 0 and 1,
+    where the mix is one of its two predictions, else both."""
+    return 1 if scale in (0.0, 1.0) else 2
 
 
 class Wrapper:

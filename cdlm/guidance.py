@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser, Prediction, Wrapper, columns
+from cdlm.denoiser import Denoiser, Prediction, Wrapper, columns, mixing_passes
 
 NO_LABEL = -1
 
@@ -77,7 +77,7 @@ class Guided(Wrapper):
             raise ValueError("prompt guidance needs both the prompt positions and their blank")
         self.denoiser, self.label, self.scale = denoiser, label, float(scale)
         self.where, self.blank = where, blank
-        self.passes = 1 if self.scale in (0.0, 1.0) else 2
+        self.passes = mixing_passes(self.scale)
 
     def unconditional(self, x: Tensor, t: Tensor | None, kw: dict) -> tuple:
         """(x, t, keywords) of the unconditional pass: no label, the prompt at the prior."""
@@ -171,7 +171,7 @@ class Guidance:
 
     def passes(self, prompted: bool) -> int:
         """Network passes per denoiser call: 2 when two conditions are mixed."""
-        return 2 if any(self.targets(prompted)) and self.scale not in (0.0, 1.0) else 1
+        return mixing_passes(self.scale) if any(self.targets(prompted)) else 1
 
     def wrap(
         self,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from budget import duration, last_step
+from omegaconf import OmegaConf
 
 from cdlm.evaluation.context import context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
@@ -80,7 +81,9 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
     model = load_model(ckpt)
     process = model.process.kind
     common = {"process": process, "recipe": recipe, "budget_minutes": args.minutes}
-    common["parallel_runs"] = args.jobs
+    # the runs at a time, as the multirun launched them (not as this evaluation is told)
+    launched = OmegaConf.load(ckpt.parent.parent / "multirun.yaml")
+    common["parallel_runs"] = launched.hydra.launcher.n_jobs
     common["train_steps"] = last_step(ckpt.parent)
     context = {}
     if model.process.noise_levels:
@@ -132,7 +135,7 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
-    shares = sorted({r.get("parallel_runs", 2) for r in rows})
+    shares = sorted({r["parallel_runs"] for r in rows})
     lines = [
         f"Budget: {args.minutes:g} minutes of wall clock per row, "
         f"{' or '.join(map(str, shares))} runs at a time on the 2-core CPU (`parallel_runs` "
@@ -194,7 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", action="store_true", help="run the multirun, then stop")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (--train)")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--runs", default="outputs/continuous/runs")
     parser.add_argument("--out", default="docs/continuous")

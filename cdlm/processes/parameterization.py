@@ -22,6 +22,7 @@ from cdlm.denoiser import (
     Denoiser,
     Prediction,
     Wrapper,
+    expected_embedding,
     full_precision,
     per_position,
     readout_evidence,
@@ -152,7 +153,7 @@ class ExpectedEmbedding(Wrapper):
         pred = self.denoiser(x_t, t, self_cond, **kwargs)
         if pred.x0 is not None:  # a free x0 head (XPrediction) already gave one
             return pred
-        x0 = torch.softmax(pred.logits, dim=-1) @ self.embedding.table().to(pred.logits.dtype)
+        x0 = expected_embedding(pred.logits, self.embedding)
         return Prediction(logits=pred.logits, x0=x0.to(x_t.dtype))
 
 
@@ -235,8 +236,7 @@ class _ReadoutBase(Wrapper):
 
     def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
         pred = self.denoiser(x_t, t, self_cond, **kwargs)
-        table = self.embedding.table().to(pred.logits.dtype)
-        base = torch.softmax(pred.logits, dim=-1) @ table
+        base = expected_embedding(pred.logits, self.embedding)
         gate = per_position(self.schedule.sigma(t.float()) ** 2)
         return Prediction(logits=pred.logits, x0=(base + gate * pred.x0).to(x_t.dtype))
 

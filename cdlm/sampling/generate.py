@@ -10,6 +10,7 @@ from functools import partial
 import torch
 
 from cdlm import rng
+from cdlm.denoiser import mixing_passes
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode
 from cdlm.processes.base import Fixed
@@ -70,7 +71,7 @@ def generate(
 def _self_cond_extra(plan: Plan, nfe: int) -> int:
     """The second passes of self-conditioning guidance (``SelfCondGuided``): every call but the
     first, which has no estimate yet, runs cond and uncond when the scale is neither 0 nor 1."""
-    return max(nfe - 1, 0) if plan.denoising.get("self_cond_scale", 1.0) not in (0.0, 1.0) else 0
+    return (mixing_passes(plan.denoising.get("self_cond_scale", 1.0)) - 1) * max(nfe - 1, 0)
 
 
 def _conditioned(
