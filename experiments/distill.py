@@ -31,10 +31,44 @@ TEACHER_STEPS = (128, 64, 16, 8, 4, 2, 1)
 STUDENT_STEPS = (16, 8, 4, 2, 1)
 # process -> (distillation module, start steps, teacher samplers: (label, config, options))
 PLAN = {
-    "gaussian": ("distill_progressive", 64, [("ddim", "ddim", {}), ("rolling T=1", "rolling", {})]),
+    "gaussian": (
+        "distill_progressive",
+        64,
+        [("ddim", "ddim", {}), ("ddpm", "ddpm", {}), ("rolling T=1", "rolling", {})],
+    ),
     "masked": ("distill_sdtt", 64, [("ancestral", "ancestral", {})]),
 }
 STUDENT_SAMPLER = {"gaussian": ("ddim", {}), "masked": ("ancestral", {})}
+# method -> (process, its overrides): each one distillation run of the process's teacher
+METHODS = {
+    "progressive-elf": (  # ELF (Hu et al. 2026): the original teacher, 4 sub-steps
+        "gaussian",
+        [
+            "module.teacher_each_round=original",
+            "module.method.teacher_steps_per_step=4",
+            "module.per_round=true",
+        ],
+    ),
+    "progressive-previous": (  # Salimans & Ho 2022: the previous student, 2 sub-steps
+        "gaussian",
+        [
+            "module.teacher_each_round=previous",
+            "module.method.teacher_steps_per_step=2",
+            "module.per_round=true",
+        ],
+    ),
+    "sdtt": ("masked", ["module.per_round=true"]),  # the previous student teaches (SDTT's)
+}
+
+
+def recipe_of(ckpt: str) -> str:
+    """The recipe a checkpoint was trained with, from its run's Hydra overrides ('default'
+    when the run named none, 'unknown' when the run folder keeps no Hydra record)."""
+    overrides = Path(ckpt).parent / ".hydra" / "overrides.yaml"
+    if not overrides.is_file():
+        return "unknown"
+    named = [o for o in overrides.read_text().split() if o.startswith("recipe=")]
+    return named[-1].split("=", 1)[1] if named else "default"
 
 
 def budget(minutes: float | None, steps: int | None) -> list[str]:
@@ -50,11 +84,12 @@ def budget(minutes: float | None, steps: int | None) -> list[str]:
 
 
 def distil(
-    process: str, teacher: str, out: Path, limit: list[str], extra: list[str], end: int = 1
+    method: str, teacher: str, out: Path, limit: list[str], extra: list[str], end: int = 1
 ) -> dict:
     """Runs the CLI; returns the students by step count and the CPU minutes it took."""
+    process, options = METHODS[method]
     module, start, _ = PLAN[process]
-    run = out / "runs" / process
+    run = out / "runs" / method
     args = [
         f"module={module}",
         f"teacher={teacher}",
@@ -66,6 +101,7 @@ def distil(
         "trainer.val_check_interval=50",
         "logger=csv",
         f"hydra.run.dir={run}",
+        *options,
         *extra,
     ]
     if (run / "distill.json").is_file():  # --reuse: distilled by an earlier run
@@ -111,12 +147,17 @@ def row(
         cut_at_eos=False,
     )
     speed, quality = report["speed"]["steady"], report["quality"]["samples"]
+    bound = report["likelihood"]
     out = {
         "process": process,
+        "recipe": args.recipes[process],
         "role": role,
         "method": method,
         "sampler": label,
         "steps": steps,
+        "temperature": options.get("temperature", 1.0),
+        "bits_per_token": bound["bits_per_token"],
+        "bits_std_error": bound.get("std_error"),
         "gen_ppl": quality.get("gen_ppl"),
         "entropy": quality["token_entropy_bits"],
         "distinct_2": quality["distinct_2"],
@@ -243,91 +284,81 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def teacher_rows(process: str, teacher: str, args, scorer) -> list[dict]:
+    """The undistilled teacher with each of its samplers at every step count."""
+    _, _, samplers = PLAN[process]
+    return [
+        row(process, "teacher", "none", teacher, label, config, options, steps, args, scorer)
+        for steps in map(int, args.teacher_steps.split(","))
+        for label, config, options in samplers
+    ]
+
+
+def student_rows(method: str, record: dict, args, scorer) -> list[dict]:
+    """Each round's student at the step count it was distilled for, and the last one at fewer."""
+    process, _ = METHODS[method]
+    config, options = STUDENT_SAMPLER[process]
+    students = {int(k): v for k, v in record["students"].items()}  # JSON keys are strings
+    last = min(students, default=None)
+    rows = []
+    for steps in STUDENT_STEPS:
+        if steps not in students and (last is None or steps > last):
+            continue
+        trained = steps if steps in students else last
+        label = config if trained == steps else f"{config}, the {trained}-step student"
+        rows.append(
+            row(process, "student", method, students[trained], label, config, options, steps,
+                args, scorer)
+        )  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--gaussian-teacher", default="outputs/budget_seams/runs/gaussian/stage0/model.safetensors"
+        "--gaussian-teacher", default="outputs/continuous/runs40/logit_normal/model.safetensors"
     )
     parser.add_argument(
-        "--masked-teacher", default="outputs/budget_seams/runs/masked/stage0/model.safetensors"
+        "--masked-teacher", default="outputs/continuous/runs40/masked/model.safetensors"
     )
-    parser.add_argument("--minutes", type=float, default=8.0, help="distillation per process")
-    parser.add_argument("--steps", type=int, help="a step budget per process instead")
+    parser.add_argument("--minutes", type=float, default=8.0, help="distillation per method")
+    parser.add_argument("--steps", type=int, help="a step budget per method instead")
     parser.add_argument("--end-steps", type=int, default=1, help="the last round's student")
     parser.add_argument("--distil-only", action="store_true", help="distil, evaluate later")
     parser.add_argument("--num-samples", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--likelihood-sequences", type=int, default=64)
-    parser.add_argument("--processes", default="gaussian,masked")
+    parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--runs", default="outputs/distill")
     parser.add_argument("--out", default="docs/distillation")
     parser.add_argument("--train-override", action="append", default=[])
     parser.add_argument("--teacher-steps", default=",".join(map(str, TEACHER_STEPS)))
     args = parser.parse_args()
     teachers = {"gaussian": args.gaussian_teacher, "masked": args.masked_teacher}
-    limit = budget(args.minutes, args.steps)
+    args.recipes = {process: recipe_of(path) for process, path in teachers.items()}
+    methods = args.methods.split(",")
+    if unknown := sorted(set(methods) - set(METHODS)):
+        parser.error(f"unknown --methods {unknown}; known: {sorted(METHODS)}")
+    limit, runs = budget(args.minutes, args.steps), Path(args.runs)
+    extra, end = args.train_override, args.end_steps
     if args.distil_only:
-        for process in args.processes.split(","):
-            distil(
-                process,
-                teachers[process],
-                Path(args.runs),
-                limit,
-                args.train_override,
-                args.end_steps,
-            )
+        for method in methods:
+            distil(method, teachers[METHODS[method][0]], runs, limit, extra, end)
         return
     scorer = load_scorer()
     rows, distilled = [], {}
-    for process in args.processes.split(","):
-        module, _, teacher_samplers = PLAN[process]
-        for steps in map(int, args.teacher_steps.split(",")):
-            for label, config, options in teacher_samplers:
-                rows.append(
-                    row(
-                        process,
-                        "teacher",
-                        "none",
-                        teachers[process],
-                        label,
-                        config,
-                        options,
-                        steps,
-                        args,
-                        scorer,
-                    )
-                )
-        d = distil(
-            process, teachers[process], Path(args.runs), limit, args.train_override, args.end_steps
-        )
-        distilled[process] = d
-        config, options = STUDENT_SAMPLER[process]
-        students = {int(k): v for k, v in d["students"].items()}  # JSON keys are strings
-        last = min(students, default=None)  # the last round's student, also at fewer steps
-        for steps in STUDENT_STEPS:
-            if steps not in students and (last is None or steps > last):
-                continue
-            trained = steps if steps in students else last
-            rows.append(
-                row(
-                    process,
-                    "student",
-                    module.removeprefix("distill_"),
-                    students[trained],
-                    config if trained == steps else f"{config}, the {trained}-step student",
-                    config,
-                    options,
-                    steps,
-                    args,
-                    scorer,
-                )
-            )
+    for process in dict.fromkeys(METHODS[m][0] for m in methods):
+        rows += teacher_rows(process, teachers[process], args, scorer)
+        for method in (m for m in methods if METHODS[m][0] == process):
+            distilled[method] = distil(method, teachers[process], runs, limit, extra, end)
+            rows += student_rows(method, distilled[method], args, scorer)
     report = {
         "command": "python " + " ".join(sys.argv),
         "num_samples": args.num_samples,
         "repeats": args.repeats,
         "seq_len": load_model(next(iter(teachers.values()))).config["seq_len"],
         "threads": torch.get_num_threads(),
+        "teachers": teachers,
         "distillation": distilled,
         "rows": rows,
     }
