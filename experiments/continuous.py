@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from omegaconf import OmegaConf
 from cdlm.evaluation.context import context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
-from cdlm.io import atomic_write_text
+from cdlm.io import atomic_path, atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
 from cdlm.sampling import named_sampler
@@ -39,16 +40,17 @@ RECIPES = [
     "today", "shared", "logit_normal", "gumbel", "xpred", "self_cond", "combined", "masked",
     "autoregressive",
 ]  # fmt: skip
-# process -> [(sampler label, conf/sampler name, options, steps, x0 temperature)]
+# process -> [(sampler label, conf/sampler name, options)]; each at every --steps count
 SAMPLERS = {
     "gaussian": [
-        ("ddpm", "ddpm", {}, 64, 1.0),
-        ("ddim (eta 0: the probability-flow ODE)", "ddim", {}, 64, 1.0),
-        ("sde (euler_maruyama, churn 1)", "euler_maruyama", {}, 64, 1.0),
-        ("rolling", "rolling", {}, 64, 1.0),
+        ("ddpm", "ddpm", {}),
+        ("ddim (eta 0: the probability-flow ODE)", "ddim", {}),
+        ("dpmpp_2m (2nd-order ODE)", "dpmpp_2m", {}),
+        ("sde (euler_maruyama, churn 1)", "euler_maruyama", {}),
+        ("rolling", "rolling", {}),
     ],
-    "masked": [("ancestral", "ancestral", {}, 64, 1.0)],
-    "autoregressive": [("ar", "ar", {"stop_at_eos": False}, 1, 1.0)],
+    "masked": [("ancestral", "ancestral", {})],
+    "autoregressive": [("ar", "ar", {"stop_at_eos": False})],
 }
 CONTEXT_TIMES = (0.7, 0.8, 0.9)
 END = "<!-- end measured -->"
@@ -93,10 +95,12 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
         context = {f"context_gain_t{c['t']:g}": c["context_gain"] for c in levels}
         common["context_gain"] = context["context_gain_t0.8"]
     rows = []
-    for i, (label, name, options, steps, temperature) in enumerate(SAMPLERS[process]):
+    for i, (label, name, options, steps, temperature) in enumerate(configs(process, args)):
+        # gaussian: the x0 softmax's temperature (the process); token samplers take their own
+        token_t = {} if model.process.noise_levels else {"temperature": temperature}
         report = evaluate_checkpoint(
             str(ckpt),
-            named_sampler(name, **options),
+            named_sampler(name, **options, **token_t),
             steps=steps,
             num_samples=args.num_samples,
             seed=0,
@@ -107,7 +111,7 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
             likelihood_sequences=args.likelihood_sequences if i == 0 else 1,
             likelihood_draws=args.likelihood_draws if i == 0 else 1,
             cut_at_eos=False,
-            temperature=temperature,
+            temperature=1.0 if token_t else temperature,
         )
         if i == 0:
             bound = report["likelihood"]
@@ -121,7 +125,8 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
             | {
                 "sampler": label,
                 "steps": steps,
-                "temperature": options.get("temperature", temperature),
+                "nfe": report["speed"]["steady"]["nfe"]["median"],
+                "temperature": temperature,
                 "gen_ppl": q.get("gen_ppl"),
                 "entropy": q["token_entropy_bits"],
                 "distinct_2": q["distinct_2"],
@@ -130,8 +135,21 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
                 "reference_entropy": reference["token_entropy_bits"],
             }
         )
-        print(f"{recipe}: {label} @{steps} T={rows[-1]['temperature']}: {q.get('gen_ppl')}")
+        print(f"{recipe}: {label} @{steps} T={temperature:g}: {q.get('gen_ppl')}", flush=True)
     return rows
+
+
+def configs(process: str, args: argparse.Namespace) -> list[tuple]:
+    """(label, sampler, options, steps, temperature) for one model: each sampler at every
+    ``--steps`` count at temperature 1, then at ``--frontier-steps`` at every other
+    ``--temperatures`` value (the frontier). AR takes one step count: it has none."""
+    steps = [1] if process == "autoregressive" else args.steps
+    at = 1 if process == "autoregressive" else args.frontier_steps
+    out = []
+    for label, name, options in SAMPLERS[process]:
+        out += [(label, name, options, s, 1.0) for s in steps]
+        out += [(label, name, options, at, t) for t in args.temperatures if t != 1.0]
+    return out
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
@@ -143,9 +161,9 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         f"{args.num_samples} samples of 128 tokens per row, scored by SmolLM2-135M; bound over "
         f"{args.likelihood_sequences} val sequences x {args.likelihood_draws} noise draws.",
         "",
-        "| recipe | train steps | bits/token | gain t=0.7 / 0.8 / 0.9 | sampler | steps | T "
+        "| recipe | train steps | bits/token | gain t=0.7 / 0.8 / 0.9 | sampler | steps | NFE | T "
         "| gen-PPL | entropy |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     seen = set()
     for r in rows:
@@ -162,15 +180,85 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
         )
         ppl = r["gen_ppl"] if r["gen_ppl"] is not None else float("nan")
         lines.append(
-            f"{head}| {r['sampler']} | {r['steps']} | {r['temperature']:g} | {ppl:.0f} "
-            f"| {r['entropy']:.2f} |"
+            f"{head}| {r['sampler']} | {r['steps']} | {r.get('nfe', '')} | {r['temperature']:g} "
+            f"| {ppl:.0f} | {r['entropy']:.2f} |"
         )
     ref = rows[0]
     lines.append(
-        f"| real val text | | | | | | | {ref['reference_gen_ppl']:.0f} "
+        f"| real val text | | | | | | | | {ref['reference_gen_ppl']:.0f} "
         f"| {ref['reference_entropy']:.2f} |"
     )
     return "\n".join(lines) + "\n"
+
+
+def curves(rows: list[dict], steps: int) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """(recipe, sampler) -> its (entropy, gen-PPL) points at ``steps`` over the temperatures,
+    by entropy (AR's at its one step count)."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["gen_ppl"] and r["steps"] == (1 if r["process"] == "autoregressive" else steps):
+            out.setdefault((r["recipe"], r["sampler"]), []).append((r["entropy"], r["gen_ppl"]))
+    return {key: sorted(points) for key, points in out.items()}
+
+
+def at_entropy(points: list[tuple[float, float]], target: float) -> float | None:
+    """Gen-PPL at ``target`` bits of entropy, interpolated in log gen-PPL between the two
+    temperatures that bracket it (None outside the swept range: no extrapolation)."""
+    for (h0, p0), (h1, p1) in zip(points, points[1:], strict=False):
+        if h0 <= target <= h1 and h1 > h0:
+            w = (target - h0) / (h1 - h0)
+            return math.exp((1 - w) * math.log(p0) + w * math.log(p1))
+    return None
+
+
+def frontier(rows: list[dict], args: argparse.Namespace) -> str:
+    """The temperature frontier at ``--frontier-steps``: each (recipe, sampler)'s gen-PPL read
+    at the entropy of masked ancestral at T = 1 and at real text's, so that no row wins by
+    collapsing its entropy (Franca & Tong 2026)."""
+    masked = [
+        r["entropy"]
+        for r in rows
+        if r["recipe"] == "masked" and r["temperature"] == 1.0 and r["steps"] == args.frontier_steps
+    ]
+    targets = [("masked ancestral, T=1", masked[0])] if masked else []
+    targets.append(("real val text", rows[0]["reference_entropy"]))
+    head = " | ".join(f"gen-PPL at {h:.2f} bits ({name})" for name, h in targets)
+    lines = [
+        "",
+        f"Temperature frontier at {args.frontier_steps} steps (AR at its own), T in "
+        f"{', '.join(f'{t:g}' for t in args.temperatures)}: gen-PPL interpolated in log between "
+        "the two temperatures whose entropies bracket the target (n/a: outside the sweep).",
+        "",
+        f"| recipe | sampler | {head} |",
+        "|---|---|" + "---|" * len(targets),
+    ]
+    for (recipe, sampler), points in curves(rows, args.frontier_steps).items():
+        reads = [at_entropy(points, h) for _, h in targets]
+        cells = " | ".join(f"{v:.0f}" if v else "n/a" for v in reads)
+        lines.append(f"| {recipe} | {sampler} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
+    """Gen-PPL (log) against entropy, one line per (recipe, sampler) over the temperatures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for (recipe, sampler), points in curves(rows, args.frontier_steps).items():
+        h, p = zip(*points, strict=True)
+        ax.plot(h, p, marker="o", label=f"{recipe}: {sampler.split(' (')[0]}")
+    ref = rows[0]
+    ax.plot(ref["reference_entropy"], ref["reference_gen_ppl"], "k*", ms=12, label="real text")
+    ax.set(xlabel="token entropy (bits)", ylabel="gen-PPL (SmolLM2-135M)", yscale="log")
+    ax.set_title(f"{args.minutes:g} minutes: temperature frontier at {args.frontier_steps} steps")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def with_table(path: Path, text: str, minutes: float) -> str:
@@ -204,7 +292,13 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--likelihood-sequences", type=int, default=32)
     parser.add_argument("--likelihood-draws", type=int, default=2)
+    parser.add_argument("--steps", default="64", help="step counts, each at temperature 1")
+    parser.add_argument("--temperatures", default="1", help="the frontier's temperatures")
+    parser.add_argument("--frontier-steps", type=int, default=64)
+    parser.add_argument("--plot", type=Path, help="draw the frontier here (a .png)")
     args = parser.parse_args()
+    args.steps = [int(s) for s in args.steps.split(",")]
+    args.temperatures = [float(t) for t in args.temperatures.split(",")]
     runs = Path(args.runs)
     if args.train:
         train(args.recipes, args.minutes, args.jobs, runs.resolve())
@@ -218,8 +312,13 @@ def main() -> None:
     every = merged(json_path, rows)
     budget = [r for r in every if r["budget_minutes"] == args.minutes]
     atomic_write_text(json_path, json.dumps({"rows": every}, indent=2) + "\n")
-    atomic_write_text(md_path, with_table(md_path, table(budget, args), args.minutes))
-    print(table(budget, args))
+    text = table(budget, args)
+    if len(args.temperatures) > 1:
+        text += frontier(budget, args)
+    if args.plot:
+        plot(budget, args, args.plot)
+    atomic_write_text(md_path, with_table(md_path, text, args.minutes))
+    print(text)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,7 @@ def row(
     return out
 
 
+GENERATED_END = "<!-- end generated: the reading below is written by hand -->"
 INTRO = """Commands (`cdlm-train` on any corpus, the teacher any cdlm `model.safetensors`):
 
 ```bash
@@ -196,34 +197,37 @@ steps. Each round is an equal share of the budget; each round's student is kept
 """
 
 
+def find(rows: list[dict], process: str, role: str, steps: int, **match) -> dict | None:
+    """The lowest-gen-PPL row of ``process``/``role`` at ``steps`` whose other fields match."""
+    found = [
+        r
+        for r in rows
+        if r["process"] == process
+        and r["role"] == role
+        and r["steps"] == steps
+        and r["gen_ppl"]
+        and all(r.get(k) == v for k, v in match.items())
+    ]
+    return min(found, key=lambda r: r["gen_ppl"], default=None)
+
+
 def goals(rows: list[dict]) -> list[str]:
-    """The issue's goals, checked: the 8-step student against the teacher at 64 steps (<= 1.0x
-    gen-PPL), the 4-step one (<= 1.10x), both with entropy >= 0.95x the teacher's; against the
-    teacher's best sampler at 64 steps (the lowest gen-PPL) and against the sampler the student
-    was distilled for. Beside each, the teacher with that sampler at the student's own step
-    count: what the distillation bought."""
-
-    def find(process, role, steps, sampler=None):
-        found = [
-            r
-            for r in rows
-            if r["process"] == process
-            and r["role"] == role
-            and r["steps"] == steps
-            and r["gen_ppl"]
-            and (sampler is None or r["sampler"] == sampler)
-        ]
-        return min(found, key=lambda r: r["gen_ppl"], default=None)
-
+    """The issue's goals, per distillation method: the 8-step student against the teacher at 64
+    steps (<= 1.0x gen-PPL), the 4-step one (<= 1.10x), both with entropy >= 0.95x the
+    teacher's, against the teacher's best sampler at 64 steps and against the sampler the
+    student was distilled for; then every student against the undistilled teacher with that
+    sampler at the student's own step count (it should beat it: what distillation bought)."""
     out = []
-    for process in sorted({r["process"] for r in rows}):
+    students = dict.fromkeys((r["process"], r["method"]) for r in rows if r["role"] == "student")
+    for process, method in students:
+        out.append(f"- **{process}, {method}:**")
         for steps, bound in ((8, 1.0), (4, 1.10)):
-            student = find(process, "student", steps)
+            student = find(rows, process, "student", steps, method=method)
             if student is None:
                 continue
             own = student["sampler"].split(",")[0]
-            best = find(process, "teacher", 64)
-            same = find(process, "teacher", 64, own)
+            best = find(rows, process, "teacher", 64)
+            same = find(rows, process, "teacher", 64, sampler=own)
             for teacher in [best] + ([same] if same is not best else []):
                 if teacher is None:
                     continue
@@ -231,19 +235,30 @@ def goals(rows: list[dict]) -> list[str]:
                 ent = student["entropy"] / teacher["entropy"]
                 met = ratio <= bound and ent >= 0.95
                 out.append(
-                    f"- {process}, {steps}-step student ({student['gen_ppl']:.0f}) vs the teacher "
-                    f"at 64 steps with {teacher['sampler']} ({teacher['gen_ppl']:.0f}"
+                    f"  - {steps}-step student ({student['gen_ppl']:.0f} at "
+                    f"{student['entropy']:.2f} bits) vs the teacher at 64 steps with "
+                    f"{teacher['sampler']} ({teacher['gen_ppl']:.0f} at {teacher['entropy']:.2f}"
                     f"{', its best sampler' if teacher is best else ''}): gen-PPL {ratio:.2f}x "
                     f"(goal <= {bound:.2f}x), entropy {ent:.2f}x (goal >= 0.95x): "
                     f"**{'met' if met else 'not met'}**."
                 )
-            plain = find(process, "teacher", steps, own)
-            if plain is not None:
-                out.append(
-                    f"  The teacher itself at {steps} steps with {own}: gen-PPL "
-                    f"{plain['gen_ppl']:.0f}, entropy {plain['entropy']:.2f} bits (the student: "
-                    f"{student['gen_ppl'] / plain['gen_ppl']:.2f}x its gen-PPL)."
+        beaten = []
+        for steps in STUDENT_STEPS:
+            student = find(rows, process, "student", steps, method=method)
+            plain = student and find(
+                rows, process, "teacher", steps, sampler=student["sampler"].split(",")[0]
+            )
+            if plain:
+                wins = student["gen_ppl"] < plain["gen_ppl"]
+                beaten.append(
+                    f"{steps}: {student['gen_ppl']:.0f} against {plain['gen_ppl']:.0f} "
+                    f"({'beats' if wins else 'does not beat'})"
                 )
+        if beaten:
+            out.append(
+                "  - Each student against the undistilled teacher with the same sampler at the "
+                f"student's steps: {'; '.join(beaten)}."
+            )
     return out
 
 
@@ -257,15 +272,26 @@ def markdown(report: dict) -> str:
         f"{report['seq_len']} tokens per row, whole canvases, scored by SmolLM2-135M; wall time "
         f"over {report['repeats']} timed runs after a warm-up, min / median / max).",
         "",
-        "| process | role | method | sampler | steps | NFE | gen-PPL | entropy (bits) | wall s (min/med/max) | tokens/s (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Teachers: {', '.join(f'{p} `{t}`' for p, t in report['teachers'].items())}. Methods "
+        "(each a `cdlm-train` run with these overrides): "
+        + "; ".join(
+            f"`{m}` ({p}: `{' '.join(o)}`)"
+            for m, (p, o) in METHODS.items()
+            if m in report["distillation"]
+        )
+        + ".",
+        "",
+        "| process | role | method | sampler | steps | NFE | bits/token | gen-PPL | entropy (bits) "
+        "| wall s (min/med/max) | tokens/s (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         w = r["wall_seconds"]
         ppl = f"{r['gen_ppl']:.0f}" if r["gen_ppl"] is not None else "n/a"
         lines.append(
             f"| {r['process']} | {r['role']} | {r['method']} | {r['sampler']} | {r['steps']} | "
-            f"{r['nfe']} | {ppl} | {r['entropy']:.2f} | {w['min']:.2f} / {w['median']:.2f} / "
+            f"{r['nfe']} | {r['bits_per_token']:.2f} | {ppl} | {r['entropy']:.2f} | "
+            f"{w['min']:.2f} / {w['median']:.2f} / "
             f"{w['max']:.2f} | {r['tokens_per_s']['median']:.0f} |"
         )
     for process, d in report["distillation"].items():
@@ -281,7 +307,13 @@ def markdown(report: dict) -> str:
             f"- Real val text at the same length: gen-PPL {real['reference_gen_ppl']:.0f}, "
             f"entropy {real['reference_entropy']:.2f} bits."
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + f"\n{GENERATED_END}\n"
+
+
+def with_prose(path: Path, generated: str) -> str:
+    """The generated part replaced, the hand-written reading after ``GENERATED_END`` kept."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return generated + (old.split(GENERATED_END + "\n", 1)[1] if GENERATED_END in old else "")
 
 
 def teacher_rows(process: str, teacher: str, args, scorer) -> list[dict]:
@@ -364,7 +396,8 @@ def main() -> None:
     }
     out = Path(args.out)
     atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    atomic_write_text(out.with_suffix(".md"), markdown(report))
+    md = out.with_suffix(".md")
+    atomic_write_text(md, with_prose(md, markdown(report)))
     print(markdown(report))
 
 
