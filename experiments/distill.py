@@ -194,6 +194,34 @@ Gulcehre 2024): at every masked position the student matches, by reverse KL (for
 as options), the distribution the teacher reaches in two ancestral steps; rounds halve the
 steps. Each round is an equal share of the budget; each round's student is kept
 (`module.round_dir`) and evaluated below at the step count it was distilled for.
+
+Progressive options (`conf/module/distill_progressive.yaml`; ELF's recipe, Hu et al. 2026, is
+`teacher_each_round=original per_round=true method.teacher_steps_per_step=4`):
+
+- `module.method.teacher_steps_per_step=k`: the target is k teacher DDIM sub-steps per student
+  step (2 is Salimans & Ho's, ELF uses 4). `tests/test_distillation.py` checks k in {1, 2, 4}
+  against a closed-form teacher on Gaussian data in float64.
+- `module.teacher_each_round=previous|original`: round k's student teaches round k + 1 (Salimans
+  & Ho), or the given teacher teaches every round at the student's step count (ELF).
+- `module.per_round=true`: each round gets its own warmup-cosine learning rate
+  (`round_warmup`, `round_min_lr`), fresh optimizer state and a restarted EMA. The round's
+  student, which becomes the next round's start (and, with `previous`, its teacher), is that
+  round's EMA. Off, one schedule spans all rounds and the EMA carries over.
+- `module.method.ce_weight`: the CE term on the student's logits, kept in every round.
+
+A two-round run under both teacher options is in `tests/test_distillation.py`. It checks which
+weights teach round 2 and the per-round learning-rate factor. The same round options
+(`teacher_each_round`, `per_round`) apply to SDTT (`conf/module/distill_sdtt.yaml`).
+
+SDTT also takes a block-diffusion teacher (`process=block`, whose process the teacher file
+brings): every block is masked at the one level t and both networks are called with the true
+clean stream (`denoiser(z, t, clean=tokens)`, through `process.predict`), so the teacher's two
+ancestral steps run within every block at once, each block given the clean blocks before it.
+Its steps are therefore steps per block: `module.start_steps=8 module.end_steps=1` distils 4,
+2 and then 1 step per block. The student records `sampler=block` with
+`sampler.steps_per_block` set to its steps, which cdlm-sample, cdlm-eval and the end-of-round
+check use (the round check fills whole canvases, `stop_at_eos=false`). No block row is in the
+table below yet.
 """
 
 
