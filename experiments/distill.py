@@ -277,10 +277,21 @@ def goals(rows: list[dict]) -> list[str]:
                 rows, process, "teacher", steps, sampler=student["sampler"].split(",")[0]
             )
             if plain:
-                wins = student["gen_ppl"] < plain["gen_ppl"]
+                ent = student["entropy"] / plain["entropy"]
+                wins = student["gen_ppl"] < plain["gen_ppl"] and ent >= 0.95
+                collapsed = student["gen_ppl"] < plain["gen_ppl"] and not wins
+                floor = 0.5 * student.get("reference_entropy", 0.0)  # a repeated-token canvas
+                if max(student["entropy"], plain["entropy"]) < floor:
+                    verdict = (
+                        f"both collapsed: {student['entropy']:.2f} and {plain['entropy']:.2f} bits, "
+                        "so no comparison"
+                    )
+                elif collapsed:
+                    verdict = f"lower only at {ent:.2f}x its entropy: not a win"
+                else:
+                    verdict = "beats" if wins else "does not beat"
                 beaten.append(
-                    f"{steps}: {student['gen_ppl']:.0f} against {plain['gen_ppl']:.0f} "
-                    f"({'beats' if wins else 'does not beat'})"
+                    f"{steps}: {student['gen_ppl']:.0f} against {plain['gen_ppl']:.0f} ({verdict})"
                 )
         if beaten:
             out.append(
@@ -393,7 +404,15 @@ def main() -> None:
     parser.add_argument("--out", default="docs/distillation")
     parser.add_argument("--train-override", action="append", default=[])
     parser.add_argument("--teacher-steps", default=",".join(map(str, TEACHER_STEPS)))
+    parser.add_argument("--render", action="store_true", help="rewrite <out>.md from <out>.json")
     args = parser.parse_args()
+    out = Path(args.out)
+    if args.render:  # the same rows, the reading re-rendered (e.g. after a change to goals)
+        report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+        atomic_write_text(
+            out.with_suffix(".md"), with_prose(out.with_suffix(".md"), markdown(report))
+        )
+        return
     teachers = {"gaussian": args.gaussian_teacher, "masked": args.masked_teacher}
     args.recipes = {process: recipe_of(path) for process, path in teachers.items()}
     methods = args.methods.split(",")
@@ -422,7 +441,6 @@ def main() -> None:
         "distillation": distilled,
         "rows": rows,
     }
-    out = Path(args.out)
     atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
     md = out.with_suffix(".md")
     atomic_write_text(md, with_prose(md, markdown(report)))

@@ -2,13 +2,16 @@
 experiments/distill.py (goals per method, hand-written prose kept) on hand-made rows."""
 
 import argparse
+import json
 import math
+from pathlib import Path
 
 import pytest
 from test_speed_table import _script
 
 continuous = _script("continuous", "experiments")
 distill = _script("distill", "experiments")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gen_ppl_at_an_entropy_interpolates_in_log_and_never_extrapolates():
@@ -76,6 +79,7 @@ def _d(role, method, sampler, steps, ppl, entropy=8.0):
         "steps": steps,
         "gen_ppl": ppl,
         "entropy": entropy,
+        "reference_entropy": 8.0,
     }
 
 
@@ -88,6 +92,9 @@ def test_goals_are_per_method_and_say_met_only_when_met():
         _d("student", "a", "ddim", 8, 900.0),
         _d("student", "a", "ddim", 4, 3100.0),
         _d("student", "b", "ddim", 8, 950.0, entropy=7.0),  # below 0.95x the entropy
+        _d("student", "b", "ddim", 4, 10.0, entropy=0.5),  # a collapse
+        _d("teacher", "none", "ddim", 1, 400.0, entropy=0.1),
+        _d("student", "b", "ddim", 1, 10.0, entropy=0.6),  # both below half real text's 8 bits
     ]
     text = "\n".join(distill.goals(rows))
     a, b = text.split("**gaussian, b:**")
@@ -97,6 +104,8 @@ def test_goals_are_per_method_and_say_met_only_when_met():
     assert "8: 900 against 2000 (beats); 4: 3100 against 3000 (does not beat)" in a
     assert "entropy 0.88x (goal >= 0.95x): **not met**" in b
     assert "**met**" not in b
+    assert "4: 10 against 3000 (lower only at 0.06x its entropy: not a win)" in b
+    assert "1: 10 against 400 (both collapsed: 0.60 and 0.10 bits, so no comparison)" in b
 
 
 def test_regenerating_keeps_the_hand_written_reading(tmp_path):
@@ -113,3 +122,11 @@ def test_recipe_of_reads_the_run_overrides(tmp_path):
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- experiment=quickstart\n- recipe=xpred\n")
     assert distill.recipe_of(str(tmp_path / "model.safetensors")) == "xpred"
     assert distill.recipe_of(str(tmp_path / "x" / "model.safetensors")) == "unknown"
+
+
+@pytest.mark.parametrize("name", ["continuous", "distillation"])
+def test_the_shipped_tables_carry_the_fields_a_reader_compares(name):
+    rows = json.loads((ROOT / "docs" / f"{name}.json").read_text())["rows"]
+    needed = {"process", "recipe", "sampler", "steps", "temperature", "bits_per_token"}
+    needed |= {"gen_ppl", "entropy"}
+    assert rows and all(needed <= set(r) for r in rows)
