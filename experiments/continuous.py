@@ -97,7 +97,7 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
     rows = []
     for i, (label, name, options, steps, temperature) in enumerate(configs(process, args)):
         # gaussian: the x0 softmax's temperature (the process); token samplers take their own
-        token_t = {} if model.process.noise_levels else {"temperature": temperature}
+        token_t = {} if process == "gaussian" else {"temperature": temperature}
         report = evaluate_checkpoint(
             str(ckpt),
             named_sampler(name, **options, **token_t),
@@ -281,6 +281,22 @@ def merged(path: Path, rows: list[dict]) -> list[dict]:
     return sorted(kept + rows, key=lambda r: (r["budget_minutes"], order.get(r["recipe"], 99)))
 
 
+def write(rows: list[dict], args: argparse.Namespace) -> str:
+    """Merges ``rows`` into ``<out>.json`` and redraws this budget's section of ``<out>.md``."""
+    out = Path(args.out)
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    every = merged(json_path, rows)
+    budget = [r for r in every if r["budget_minutes"] == args.minutes]
+    atomic_write_text(json_path, json.dumps({"rows": every}, indent=2) + "\n")
+    text = table(budget, args)
+    if len(args.temperatures) > 1:
+        text += frontier(budget, args)
+    if args.plot:
+        plot(budget, args, args.plot)
+    atomic_write_text(md_path, with_table(md_path, text, args.minutes))
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", action="store_true", help="run the multirun, then stop")
@@ -305,19 +321,9 @@ def main() -> None:
         return
     scorer = load_scorer()
     rows = []
-    for recipe in args.recipes.split(","):
+    for recipe in args.recipes.split(","):  # written after each recipe: a crash keeps the rest
         rows += evaluate(recipe, runs / recipe / "model.safetensors", args, scorer)
-    out = Path(args.out)
-    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
-    every = merged(json_path, rows)
-    budget = [r for r in every if r["budget_minutes"] == args.minutes]
-    atomic_write_text(json_path, json.dumps({"rows": every}, indent=2) + "\n")
-    text = table(budget, args)
-    if len(args.temperatures) > 1:
-        text += frontier(budget, args)
-    if args.plot:
-        plot(budget, args, args.plot)
-    atomic_write_text(md_path, with_table(md_path, text, args.minutes))
+        text = write(rows, args)
     print(text)
 
 
