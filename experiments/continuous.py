@@ -96,23 +96,7 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
         common["context_gain"] = context["context_gain_t0.8"]
     rows = []
     for i, (label, name, options, steps, temperature) in enumerate(configs(process, args)):
-        # gaussian: the x0 softmax's temperature (the process); token samplers take their own
-        token_t = {} if process == "gaussian" else {"temperature": temperature}
-        report = evaluate_checkpoint(
-            str(ckpt),
-            named_sampler(name, **options, **token_t),
-            steps=steps,
-            num_samples=args.num_samples,
-            seed=0,
-            repeats=1,
-            grid="uniform",
-            scorer=scorer,
-            device=torch.device("cpu"),
-            likelihood_sequences=args.likelihood_sequences if i == 0 else 1,
-            likelihood_draws=args.likelihood_draws if i == 0 else 1,
-            cut_at_eos=False,
-            temperature=1.0 if token_t else temperature,
-        )
+        report = measure(str(ckpt), process, (name, options, steps, temperature), args, scorer, i)
         if i == 0:
             bound = report["likelihood"]
             common |= {"bits_per_token": bound["bits_per_token"]}
@@ -137,6 +121,31 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
         )
         print(f"{recipe}: {label} @{steps} T={temperature:g}: {q.get('gen_ppl')}", flush=True)
     return rows
+
+
+def measure(
+    ckpt: str, process: str, config: tuple, args: argparse.Namespace, scorer, i: int
+) -> dict:
+    """The harness report of one (sampler, options, steps, temperature) config: temperature goes
+    to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler for
+    token processes, which refuse the process-level one. The bound on the first config only."""
+    name, options, steps, temperature = config
+    token_t = {} if process == "gaussian" else {"temperature": temperature}
+    return evaluate_checkpoint(
+        ckpt,
+        named_sampler(name, **options, **token_t),
+        steps=steps,
+        num_samples=args.num_samples,
+        seed=0,
+        repeats=1,
+        grid="uniform",
+        scorer=scorer,
+        device=torch.device("cpu"),
+        likelihood_sequences=args.likelihood_sequences if i == 0 else 1,
+        likelihood_draws=args.likelihood_draws if i == 0 else 1,
+        cut_at_eos=False,
+        temperature=1.0 if token_t else temperature,
+    )
 
 
 def configs(process: str, args: argparse.Namespace) -> list[tuple]:

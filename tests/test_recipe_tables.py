@@ -130,3 +130,19 @@ def test_the_shipped_tables_carry_the_fields_a_reader_compares(name):
     needed = {"process", "recipe", "sampler", "steps", "temperature", "bits_per_token"}
     needed |= {"gen_ppl", "entropy"}
     assert rows and all(needed <= set(r) for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "masked"])
+def test_a_temperature_goes_to_the_x0_softmax_for_gaussian_and_to_the_token_sampler(
+    kind, tiny_checkpoint, tiny_masked_checkpoint
+):
+    # the 40-minute sweep crashed here once: a masked model's temperature went to the process
+    ckpt = tiny_checkpoint if kind == "gaussian" else tiny_masked_checkpoint
+    name = "ddpm" if kind == "gaussian" else "ancestral"
+    args = argparse.Namespace(num_samples=2, likelihood_sequences=2, likelihood_draws=1)
+    report = continuous.measure(str(ckpt), kind, (name, {}, 2, 0.8), args, None, 1)
+    sampler = report["sampler"]
+    if kind == "gaussian":
+        assert sampler["temperature"] == 0.8 and sampler["options"].get("temperature", 1.0) == 1.0
+    else:
+        assert sampler["temperature"] == 1.0 and sampler["options"]["temperature"] == 0.8
