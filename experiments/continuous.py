@@ -56,12 +56,13 @@ CONTEXT_TIMES = (0.7, 0.8, 0.9)
 END = "<!-- end measured -->"
 
 
-def begin(minutes: float) -> str:
-    """The marker of one budget's measured section (each budget is its own run and section)."""
-    return f"<!-- measured: experiments/continuous.py --minutes {minutes:g} -->"
+def begin(minutes: float, seed: int = 0) -> str:
+    """The marker of one (budget, seed)'s measured section: each is its own run and section."""
+    again = f" --seed {seed}" if seed else ""
+    return f"<!-- measured: experiments/continuous.py --minutes {minutes:g}{again} -->"
 
 
-def train(recipes: str, minutes: float, jobs: int, runs: Path) -> None:
+def train(recipes: str, minutes: float, jobs: int, runs: Path, seed: int) -> None:
     """The multirun: the ``recipes`` on one budget, ``jobs`` at a time, one thread each."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     args = [
@@ -69,6 +70,7 @@ def train(recipes: str, minutes: float, jobs: int, runs: Path) -> None:
         "experiment=quickstart",
         f"recipe={recipes}",
         f"trainer.max_time={duration(minutes * 60)}",
+        f"seed={seed}",
         "logger=csv",
         "hydra/launcher=joblib",
         f"hydra.launcher.n_jobs={jobs}",
@@ -83,6 +85,9 @@ def evaluate(recipe: str, ckpt: Path, args: argparse.Namespace, scorer) -> list[
     model = load_model(ckpt)
     process = model.process.kind
     common = {"process": process, "recipe": recipe, "budget_minutes": args.minutes}
+    common["seed"] = OmegaConf.load(ckpt.parent / ".hydra" / "config.yaml").seed
+    if common["seed"] != args.seed:
+        raise SystemExit(f"{ckpt} was trained with seed {common['seed']}, not --seed {args.seed}")
     # the runs at a time, as the multirun launched them (not as this evaluation is told)
     launched = OmegaConf.load(ckpt.parent.parent / "multirun.yaml")
     common["parallel_runs"] = launched.hydra.launcher.n_jobs
@@ -164,7 +169,7 @@ def configs(process: str, args: argparse.Namespace) -> list[tuple]:
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     shares = sorted({r["parallel_runs"] for r in rows})
     lines = [
-        f"Budget: {args.minutes:g} minutes of wall clock per row, "
+        f"Budget: {args.minutes:g} minutes of wall clock per row{_seed(args)}, "
         f"{' or '.join(map(str, shares))} runs at a time on the 2-core CPU (`parallel_runs` "
         "in the JSON), one thread each (the `--train` multirun). "
         f"{args.num_samples} samples of 128 tokens per row, scored by SmolLM2-135M; bound over "
@@ -262,7 +267,9 @@ def plot(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
     ref = rows[0]
     ax.plot(ref["reference_entropy"], ref["reference_gen_ppl"], "k*", ms=12, label="real text")
     ax.set(xlabel="token entropy (bits)", ylabel="gen-PPL (SmolLM2-135M)", yscale="log")
-    ax.set_title(f"{args.minutes:g} minutes: temperature frontier at {args.frontier_steps} steps")
+    ax.set_title(
+        f"{args.minutes:g} minutes{_seed(args)}: temperature frontier at {args.frontier_steps} steps"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -270,10 +277,11 @@ def plot(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
         fig.savefig(tmp, dpi=110, format="png")
 
 
-def with_table(path: Path, text: str, minutes: float) -> str:
-    """The doc with this budget's measured section replaced (appended when new); hand-written
-    prose and the other budgets' sections kept."""
-    doc, mark = (path.read_text(encoding="utf-8") if path.is_file() else ""), begin(minutes)
+def with_table(path: Path, text: str, minutes: float, seed: int = 0) -> str:
+    """The doc with this (budget, seed)'s measured section replaced (appended when new);
+    hand-written prose and the other sections kept."""
+    doc = path.read_text(encoding="utf-8") if path.is_file() else ""
+    mark = begin(minutes, seed)
     if mark not in doc:
         return f"{doc}\n{mark}\n{text}{END}\n"
     head, rest = doc.split(mark, 1)
@@ -281,13 +289,22 @@ def with_table(path: Path, text: str, minutes: float) -> str:
 
 
 def merged(path: Path, rows: list[dict]) -> list[dict]:
-    """The JSON's rows with those of each (budget, recipe) in ``rows`` replaced, so that a
-    retrained recipe replaces its own rows and leaves the rest of its budget standing."""
+    """The JSON's rows with those of each (budget, seed, recipe) in ``rows`` replaced, so that
+    a retrained recipe replaces its own rows and leaves the rest of its run standing."""
     old = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.is_file() else []
-    new = {(r["budget_minutes"], r["recipe"]) for r in rows}
-    kept = [r for r in old if (r["budget_minutes"], r["recipe"]) not in new]
+    new = {_run(r) for r in rows}
+    kept = [r for r in old if _run(r) not in new]
     order = {name: i for i, name in enumerate(RECIPES)}
-    return sorted(kept + rows, key=lambda r: (r["budget_minutes"], order.get(r["recipe"], 99)))
+    return sorted(kept + rows, key=lambda r: (*_run(r)[:2], order.get(r["recipe"], 99)))
+
+
+def _seed(args: argparse.Namespace) -> str:
+    return f" (training seed {args.seed})" if args.seed else ""
+
+
+def _run(row: dict) -> tuple:
+    """A row's (budget, seed, recipe); rows from before ``--seed`` were seed 0."""
+    return row["budget_minutes"], row.get("seed", 0), row["recipe"]
 
 
 def write(rows: list[dict], args: argparse.Namespace) -> str:
@@ -295,14 +312,14 @@ def write(rows: list[dict], args: argparse.Namespace) -> str:
     out = Path(args.out)
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     every = merged(json_path, rows)
-    budget = [r for r in every if r["budget_minutes"] == args.minutes]
+    budget = [r for r in every if _run(r)[:2] == (args.minutes, args.seed)]
     atomic_write_text(json_path, json.dumps({"rows": every}, indent=2) + "\n")
     text = table(budget, args)
     if len(args.temperatures) > 1:
         text += frontier(budget, args)
     if args.plot:
         plot(budget, args, args.plot)
-    atomic_write_text(md_path, with_table(md_path, text, args.minutes))
+    atomic_write_text(md_path, with_table(md_path, text, args.minutes, args.seed))
     return text
 
 
@@ -311,6 +328,7 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="run the multirun, then stop")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (--train)")
+    parser.add_argument("--seed", type=int, default=0, help="the training seed: a replicate")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--runs", default="outputs/continuous/runs")
     parser.add_argument("--out", default="docs/continuous")
@@ -326,7 +344,7 @@ def main() -> None:
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     runs = Path(args.runs)
     if args.train:
-        train(args.recipes, args.minutes, args.jobs, runs.resolve())
+        train(args.recipes, args.minutes, args.jobs, runs.resolve(), args.seed)
         return
     scorer = load_scorer()
     rows = []

@@ -146,3 +146,19 @@ def test_a_temperature_goes_to_the_x0_softmax_for_gaussian_and_to_the_token_samp
         assert sampler["temperature"] == 0.8 and sampler["options"].get("temperature", 1.0) == 1.0
     else:
         assert sampler["temperature"] == 1.0 and sampler["options"]["temperature"] == 0.8
+
+
+def test_a_seed_replicate_is_its_own_section_and_leaves_seed_0_rows_standing(tmp_path):
+    old = [{"budget_minutes": 10.0, "recipe": "today", "gen_ppl": 1.0}]  # before --seed: seed 0
+    (tmp_path / "c.json").write_text(json.dumps({"rows": old}))
+    again = [{"budget_minutes": 10.0, "seed": 1, "recipe": "today", "gen_ppl": 2.0}]
+    assert continuous.merged(tmp_path / "c.json", again) == old + again
+    retrained = [{"budget_minutes": 10.0, "seed": 0, "recipe": "today", "gen_ppl": 3.0}]
+    assert continuous.merged(tmp_path / "c.json", retrained) == retrained
+    md = tmp_path / "c.md"
+    md.write_text("prose\n" + continuous.begin(10) + "\nT0\n" + continuous.END + "\nmore\n")
+    doc = continuous.with_table(md, "T1\n", 10, seed=1)
+    assert "T0" in doc and "T1" in doc and doc.index("T0") < doc.index("T1")
+    md.write_text(doc)
+    doc = continuous.with_table(md, "T1b\n", 10, seed=1)
+    assert "T1\n" not in doc and "T1b" in doc and "T0" in doc and "more" in doc
