@@ -156,11 +156,13 @@ def measure(
 def configs(process: str, args: argparse.Namespace) -> list[tuple]:
     """(label, sampler, options, steps, temperature) for one model: each sampler at every
     ``--steps`` count at temperature 1, then at ``--frontier-steps`` at every other
-    ``--temperatures`` value (the frontier). AR takes one step count: it has none."""
+    ``--temperatures`` value (the frontier). AR takes one step count: it has none.
+    ``--samplers`` keeps those of a process's samplers it names (all when it names none)."""
     steps = [1] if process == "autoregressive" else args.steps
     at = 1 if process == "autoregressive" else args.frontier_steps
     out = []
-    for label, name, options in SAMPLERS[process]:
+    chosen = [c for c in SAMPLERS[process] if not args.samplers or c[1] in args.samplers]
+    for label, name, options in chosen or SAMPLERS[process]:
         out += [(label, name, options, s, 1.0) for s in steps]
         out += [(label, name, options, at, t) for t in args.temperatures if t != 1.0]
     return out
@@ -338,10 +340,12 @@ def main() -> None:
     parser.add_argument("--steps", default="64", help="step counts, each at temperature 1")
     parser.add_argument("--temperatures", default="1", help="the frontier's temperatures")
     parser.add_argument("--frontier-steps", type=int, default=64)
+    parser.add_argument("--samplers", default="", help="conf/sampler names to keep (all)")
     parser.add_argument("--plot", type=Path, help="draw the frontier here (a .png)")
     args = parser.parse_args()
     args.steps = [int(s) for s in args.steps.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    args.samplers = [s for s in args.samplers.split(",") if s]
     runs = Path(args.runs)
     if args.train:
         train(args.recipes, args.minutes, args.jobs, runs.resolve(), args.seed)

@@ -24,7 +24,9 @@ def test_gen_ppl_at_an_entropy_interpolates_in_log_and_never_extrapolates():
 
 
 def test_grid_is_every_step_count_at_t1_then_the_temperatures_at_the_frontier_steps():
-    args = argparse.Namespace(steps=[16, 64], temperatures=[0.7, 1.0], frontier_steps=64)
+    args = argparse.Namespace(
+        steps=[16, 64], temperatures=[0.7, 1.0], frontier_steps=64, samplers=[]
+    )
     assert [(c[0], c[3], c[4]) for c in continuous.configs("masked", args)] == [
         ("ancestral", 16, 1.0),
         ("ancestral", 64, 1.0),
@@ -36,6 +38,9 @@ def test_grid_is_every_step_count_at_t1_then_the_temperatures_at_the_frontier_st
     ]
     gaussian = continuous.configs("gaussian", args)
     assert len(gaussian) == 3 * len(continuous.SAMPLERS["gaussian"])
+    args.samplers = ["ddpm", "rolling"]  # a subset; a process with none of them keeps its own
+    assert {c[1] for c in continuous.configs("gaussian", args)} == {"ddpm", "rolling"}
+    assert {c[1] for c in continuous.configs("masked", args)} == {"ancestral"}
 
 
 def _row(recipe, process, sampler, steps, t, ppl, entropy):
