@@ -63,7 +63,7 @@ SAMPLERS: dict[str, list[tuple[str, str, dict, int, float, str]]] = {
     ],
     "gaussian": [
         ("ddpm", "ddpm", {}, 128, 1.0, "uniform"),
-        ("ddpm, warped grid", "ddpm", {}, 128, 1.0, "warped"),
+        ("dpmpp_2m (2nd-order ODE)", "dpmpp_2m", {}, 128, 1.0, "uniform"),
         ("rolling (left to right), T=1", "rolling", {}, 128, 1.0, "uniform"),
         ("rolling (left to right), T=0.9", "rolling", {"temperature": 0.9}, 128, 1.0, "uniform"),
     ],

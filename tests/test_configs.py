@@ -287,3 +287,11 @@ def test_the_block_quickstart_recipe_is_an_ar_phase_then_complementary_block_ada
     assert cfg.process.complementary and cfg.process.block_size == 4
     assert cfg.phases.ar == 0.5 and cfg.phases.anneal == 0.0
     assert cfg.trainer.max_time == "00:00:10:00"  # the quickstart's budget
+
+
+def test_the_gaussian_default_is_the_recipe_docs_continuous_chose():
+    # docs/continuous.md chose recipe=logit_normal for the quickstart by measurement
+    default, chosen = compose_train(), compose_train("recipe=logit_normal")
+    for key in ("process", "phases"):
+        assert OmegaConf.to_container(default[key]) == OmegaConf.to_container(chosen[key])
+    assert default.process.time_sampler.shift == 2.0

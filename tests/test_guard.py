@@ -54,6 +54,7 @@ def test_one_poisoned_batch_is_skipped_logged_and_the_run_finishes(
             "+callbacks.poison.steps=[3]",
             "process.token_noise=0",
             "phases=none",
+            "time_sampler@process.time_sampler=warped",
             monkeypatch=monkeypatch,
         )
     messages = [str(w.message) for w in caught if "non-finite" in str(w.message)]
