@@ -278,15 +278,15 @@ def goals(rows: list[dict]) -> list[str]:
             )
             if plain:
                 ent = student["entropy"] / plain["entropy"]
-                wins = student["gen_ppl"] < plain["gen_ppl"] and ent >= 0.95
-                collapsed = student["gen_ppl"] < plain["gen_ppl"] and not wins
+                lower = student["gen_ppl"] < plain["gen_ppl"]
+                wins = lower and ent >= 0.95
                 floor = 0.5 * student.get("reference_entropy", 0.0)  # a repeated-token canvas
                 if max(student["entropy"], plain["entropy"]) < floor:
                     verdict = (
                         f"both collapsed: {student['entropy']:.2f} and {plain['entropy']:.2f} bits, "
                         "so no comparison"
                     )
-                elif collapsed:
+                elif lower and not wins:  # lower gen-PPL bought with entropy
                     verdict = f"lower only at {ent:.2f}x its entropy: not a win"
                 else:
                     verdict = "beats" if wins else "does not beat"
