@@ -19,15 +19,18 @@ from typing import Any
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
-from cdlm import hub, pretrained
+from cdlm import hub, pretrained, worlds
 from cdlm.data.tokenizer import for_base, serialise, wrap
 from cdlm.io import atomic_path
 from cdlm.networks.causal_lm import CausalLM, base_config, grow_vocabulary
 from cdlm.processes.autoregressive import AutoregressiveProcess
+from cdlm.processes.vocabulary import token_ids
+from cdlm.worlds.oracle import OracleNetwork
 
 FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
@@ -199,11 +202,24 @@ def _build(path: Path, config: dict[str, Any], part: str) -> nn.Module:
 
 
 def load_model(
-    path: str | Path, device: str | torch.device = "cpu", revision: str | None = None
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    *,
+    process: Any = None,
+    embedding: str | None = None,
 ) -> Model:
     """A model from a ``.safetensors`` file, a model folder (``save_pretrained``, a cdlm-train
-    run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit); or a
-    pretrained causal LM (``hf:...``, ``smollm2``: ``base_model``)."""
+    run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit); a pretrained
+    causal LM (``hf:...``, ``smollm2``: ``base_model``); or a world's exact posterior under
+    ``process`` (``world:<name>``: ``world_model``, with ``embedding``). ``process`` belongs to
+    worlds alone: a file carries its own."""
+    if worlds.is_world(str(path)):
+        return world_model(str(path), process, device, embedding)
+    if process is not None or embedding is not None:
+        raise ModelFileError(
+            f"process= and embedding= apply to world:<name> models; {path} carries its own"
+        )
     if pretrained.is_base(str(path)):
         return base_model(str(path), device)
     path, facts = _local(path, revision)
@@ -226,6 +242,80 @@ def load_model(
             raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
+
+
+GAUSSIAN = "cdlm.processes.gaussian.GaussianProcess"
+
+
+def world_model(
+    spec: str, process: Any, device: str | torch.device = "cpu", embedding: str | None = None
+) -> Model:
+    """The world ``world:<name>`` (conf/world/) as a cdlm model of ``process``: ``oracle_model``."""
+    if process is None:
+        raise ModelFileError(
+            f"{spec} needs a process: process=masked|gaussian|autoregressive|block"
+        )
+    try:
+        world = worlds.load(spec)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from None
+    model = oracle_model(world, process, device, embedding)
+    model.config["world"] = model.config["network"]["world"] = spec
+    return model
+
+
+def oracle_model(
+    world: worlds.World,
+    process: Any,
+    device: str | torch.device = "cpu",
+    embedding: str | None = None,
+) -> Model:
+    """``world`` as a cdlm model of ``process`` (a process config, e.g. conf/process/masked.yaml
+    composed) whose network is the world's exact posterior (``OracleNetwork``). A gaussian
+    oracle reads the posterior input unshifted (each token's own level, exactly) with no readout
+    skip or prediction pieces, over a fixed normalised embedding table (seed 0) or, with
+    ``embedding`` (a cdlm model), that model's own table."""
+    cfg = OmegaConf.to_container(process, resolve=True) if OmegaConf.is_config(process) else process
+    if cfg.get("_target_") == GAUSSIAN:
+        cfg = _oracle_gaussian(cfg, embedding)
+    elif embedding is not None:
+        raise ModelFileError("embedding= applies to a gaussian world model (process=gaussian)")
+    kwargs = token_ids(cfg, world.tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        built = _build(Path(world.name), {"process": cfg | kwargs}, "process")
+    if embedding is not None:
+        prefix = "process.embedding."
+        table = load_file(str(_local(embedding)[0]))
+        built.embedding.load_state_dict(
+            {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
+        )
+    network = OracleNetwork(
+        world, **built.network_kwargs, shift=built.next_token_layout, mask_id=kwargs.get("mask_id")
+    )
+    config = {
+        "process": cfg | kwargs,
+        "network": {"_target_": _qualname(network), "world": world.name},
+        "seq_len": world.length,
+        "labels": [],
+        "world": world.name,
+    }
+    return Model(built.to(device).eval(), network.to(device).eval(), world.tokenizer, config)
+
+
+def _oracle_gaussian(cfg: dict, embedding: str | None) -> dict:
+    """A gaussian process config made exact for an oracle (see ``world_model``)."""
+    objective = cfg.get("objective") or {}
+    if "X0MSE" in str(objective.get("_target_", "")):
+        raise ModelFileError("a gaussian world model predicts logits: objective=ce")
+    cfg = cfg | {
+        "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput", "shift": False},
+        "objective": objective | {"readout_skip": False},
+        "prediction": [],
+    }
+    if embedding is not None:
+        cfg["embed_dim"] = load_model(embedding).config["process"]["embed_dim"]
+    return cfg
 
 
 def prepared_base(spec: str, mask: bool, device: str | torch.device = "cpu"):

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm import pretrained
+from cdlm import pretrained, worlds
 from cdlm.model_file import check_model_file
 
 
@@ -115,6 +115,10 @@ def require_model_file(path: Any, base_ok: bool = False) -> None:
     """A ``UsageError`` unless ``path`` can be a cdlm model file (or, with ``base_ok``, names a
     pretrained causal LM that exists: ``cdlm.pretrained``): found before Hydra starts, and
     before cdlm-eval loads its scorer."""
+    if worlds.is_world(path):
+        name = str(path)[len(worlds.PREFIX) :]
+        require(name in worlds.names(), f"unknown world {name!r}; valid: {', '.join(worlds.names())}")
+        return
     try:
         if base_ok and pretrained.is_base(path):
             pretrained.resolve(path)

@@ -119,7 +119,9 @@ def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
 
 def sample(cfg: DictConfig) -> None:
     """Reads the config into a plan, draws it at every scale, prints and writes the records."""
-    model = load_model(cfg.ckpt, resolve_device(cfg.device))
+    model = load_model(
+        cfg.ckpt, resolve_device(cfg.device), process=cfg.get("process"), embedding=cfg.embedding
+    )
     chosen = instantiate(cfg.sampler) if cfg.get("sampler") else None
     choice = choose(model.process, model.config, cfg.steps, chosen)
     if choice.note:

@@ -57,6 +57,7 @@ class AutoregressiveProcess(TokenProcess):
     noise_levels = False
     sequential = True  # one sampler step (and callback) per token
     causal = True
+    next_token_layout = True  # output i predicts token i from [BOS, x_0, ..., x_{i-1}]
 
     def __init__(
         self,

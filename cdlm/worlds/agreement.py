@@ -72,7 +72,9 @@ class Agreement(World):
         tokenizer = symbol_tokenizer(list(ALPHABET) + list(string.ascii_uppercase[:k]))
         initial = torch.zeros(size, dtype=torch.float64)
         initial[:k] = 1.0 / k
-        super().__init__("agreement", tokenizer, emit, initial, [Transition(s) for s in steps], length)
+        super().__init__(
+            "agreement", tokenizer, emit, initial, [Transition(s) for s in steps], length
+        )
         self.names, self.period = names, period
 
     def segments(self, length: int | None = None) -> int:
