@@ -41,13 +41,17 @@ def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, Any]:
 def model_config(
     cfg: DictConfig, process_kwargs: dict, network_kwargs: dict, labels: list[str]
 ) -> dict:
-    """The resolved configs a checkpoint needs to rebuild the model without this run's files."""
-    return {
+    """The resolved configs a checkpoint needs to rebuild the model without this run's files,
+    and the world it learnt (``data=world:<name>``), which scores it exactly."""
+    config = {
         "process": OmegaConf.to_container(cfg.process, resolve=True) | process_kwargs,
         "network": OmegaConf.to_container(cfg.network, resolve=True) | network_kwargs,
         "seq_len": cfg.data.seq_len,
         "labels": labels,
     }
+    if cfg.data.get("world"):
+        config["world"] = cfg.data.world
+    return config
 
 
 @dataclass
