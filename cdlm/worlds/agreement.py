@@ -96,3 +96,7 @@ class Agreement(World):
             return torch.zeros(tokens.shape[0])
         starts = torch.arange(n) * self.period
         return (tokens[:, starts] != tokens[:, starts + self.period - 1]).double().mean(-1)
+
+    def constraint_rate(self, tokens: Tensor) -> Tensor:
+        """(B,) the share of whole segments whose names disagree (``disagreements``)."""
+        return self.disagreements(tokens)

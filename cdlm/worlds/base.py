@@ -96,6 +96,11 @@ class World:
         """(B,) bool: the sequences the world gives probability 0."""
         return torch.isinf(self.log_prob(tokens))
 
+    def constraint_rate(self, tokens: Tensor) -> Tensor:
+        """(B,) float64: the share of the world's constraints each sequence breaks; a world with
+        none beyond its support has one, being possible (``cdlm-eval scorer=world`` reports it)."""
+        return self.violations(tokens).double()
+
     # -- exact posteriors --------------------------------------------------------------------
 
     @torch.no_grad()
@@ -104,15 +109,12 @@ class World:
         tokens (B, L, V) (0 everywhere: nothing observed; -inf: ruled out). Float32 out."""
         like, _ = self._likelihood(evidence)
         alpha, _, _ = self._forward(evidence, like=like)
-        beta = torch.ones_like(alpha[:, 0])
-        post = torch.empty_like(alpha)
-        post[:, -1] = alpha[:, -1]
+        beta = torch.ones_like(alpha)
         for i in range(alpha.shape[1] - 2, -1, -1):
-            beta = self.step(i + 1).pull(like[:, i + 1] * beta)
-            beta = beta / beta.sum(-1, keepdim=True).clamp_min(1e-300)
-            joint = alpha[:, i] * beta
-            post[:, i] = joint / joint.sum(-1, keepdim=True)
-        return self._tokens(post, evidence.device)
+            message = self.step(i + 1).pull(like[:, i + 1] * beta[:, i + 1])
+            beta[:, i] = message / message.sum(-1, keepdim=True).clamp_min(1e-300)
+        joint = alpha * beta
+        return self._tokens(joint / joint.sum(-1, keepdim=True), evidence.device)
 
     @torch.no_grad()
     def predictive(self, evidence: Tensor) -> Tensor:
@@ -144,16 +146,16 @@ class World:
             like, scale = self._likelihood(evidence, strict)
         b, length, _ = like.shape
         alpha, pred = torch.empty_like(like), torch.empty_like(like)
+        totals = torch.empty(b, length, dtype=like.dtype)
         message = self.initial.to(like.dtype).expand(b, -1)
-        log_z = torch.zeros(b, dtype=torch.float64)
         for i in range(length):
             if i > 0:
                 message = self.step(i).push(alpha[:, i - 1])
             pred[:, i] = message
             joint = message * like[:, i]
-            total = joint.sum(-1, keepdim=True)
-            alpha[:, i] = joint / total.clamp_min(1e-300)
-            log_z += total[:, 0].double().log()
+            totals[:, i] = joint.sum(-1)
+            alpha[:, i] = joint / totals[:, i, None].clamp_min(1e-300)
+        log_z = totals.double().log().sum(-1)
         if scale is not None:
             log_z = log_z + scale.double().sum(-1)
         return alpha, pred, log_z
