@@ -146,6 +146,17 @@ def test_one_token_per_step_samples_the_world_exactly(process, sampler, options)
     assert chi_square_p(world, samples) > 0.05
 
 
+def test_block_diffusion_and_speculative_decoding_sample_the_world():
+    """BD3-LM's own (unshifted) layout with many steps per block, and self-speculative decoding
+    (a shifted oracle drafts, its causal stream verifies): exact in distribution."""
+    world = tiny_world(length=4)
+    unshifted = ["process.shift=false", "process.causal_clean=false", "process.ar_weight=0"]
+    block = oracle_model(world, process_cfg("block", "process.block_size=2", *unshifted))
+    assert chi_square_p(world, draw(block, "block", 128, 3000, 4, steps_per_block=64)) > 0.05
+    shifted = oracle_model(world, process_cfg("block", "process.block_size=2"))
+    assert chi_square_p(world, draw(shifted, "speculative", 4, 3000, 4)) > 0.05
+
+
 def test_unshifted_masked_oracle_agrees_with_the_shifted_one():
     world = tiny_world(length=4)
     shifted = oracle_model(world, process_cfg("masked"))

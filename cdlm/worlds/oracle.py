@@ -18,6 +18,7 @@ processes' own, so an output is always about the position of its index.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.worlds.base import NEVER, World
+
+SLACK = 1e-30  # the likelihood an observed token leaves to every other token
 
 
 class OracleCache:
@@ -123,10 +126,13 @@ class OracleNetwork(nn.Module):
 
     def evidence(self, x: Tensor) -> Tensor:
         """(B, W, V) log-likelihood of each token given each input: a soft token's log, an id's
-        indicator, nothing for [MASK]."""
+        indicator, nothing for [MASK]. No token is ruled out outright (at most SLACK): a
+        sampler that has committed tokens the world never puts together (a factorised draw
+        in the agreement world) gets the posterior of the rest given that one observation is
+        wrong, instead of none; for possible evidence the answer moves by about SLACK."""
         if x.is_floating_point():
-            return x.float().clamp_min(1e-30).log()
-        ev = torch.full((*x.shape, self.world.vocab_size), float("-inf"), device=x.device)
+            return x.float().clamp_min(SLACK).log()
+        ev = torch.full((*x.shape, self.world.vocab_size), math.log(SLACK), device=x.device)
         ev.scatter_(-1, x[..., None], 0.0)
         if self.mask_id is not None:
             ev = ev.masked_fill((x == self.mask_id)[..., None], 0.0)

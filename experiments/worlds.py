@@ -1,0 +1,226 @@
+"""Every sampler on the exact denoiser of known worlds: docs/worlds.md and docs/worlds.json.
+
+    python experiments/worlds.py --out docs/worlds            # the table (~30 min, 2 jobs)
+    python experiments/worlds.py --quick --out /tmp/worlds    # a minute: fewer rows and samples
+
+Each world (``cdlm.worlds``: the Austen character chain at T = 128 and 256, the agreement world)
+is loaded as an oracle model of every process (``cdlm.model_file.oracle_model``: the network is
+the world's exact posterior), and every sampler family draws ``--samples`` sequences at steps
+T/64, T/32, ..., T. The world scores them exactly (``cdlm.evaluation.world_score``): NLL under
+the truth beside the entropy rate, Tang et al.'s transition-level KL and TV rates beside their
+floor on as many exact samples, the share of impossible samples and of broken constraints. With
+a perfect denoiser, every gap to the floor is the sampler's. Worlds run in ``--jobs`` processes
+of one CPU thread each (recorded in the JSON as ``parallel_runs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+from cdlm import worlds
+from cdlm.configs import compose
+from cdlm.evaluation.world_score import score_samples
+from cdlm.io import atomic_write_text
+from cdlm.model_file import oracle_model
+from cdlm.sampling import Plan, named_sampler
+from cdlm.sampling.generate import generate
+
+WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
+GROUPS = ("token", "gaussian")  # each world's rows in two work units, the longest first
+# label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout (the shifted
+# default cannot see a block's last token once it is revealed: docs/worlds.md)
+PROCESSES = {
+    "masked": ["process=masked"],
+    "block": ["process=block"],
+    "block_unshifted": ["process=block", "process.shift=false", "process.causal_clean=false",
+                        "process.ar_weight=0"],
+    "gaussian": ["process=gaussian"],
+    "autoregressive": ["process=autoregressive"],
+}  # fmt: skip
+
+
+def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
+    """(label, process, conf/sampler name, options, step counts or None for every count)."""
+    semi = length // 8
+    return [
+        ("MDLM ancestral", "masked", "ancestral", {}, None),
+        ("LLaDA low-confidence (T=1)", "masked", "confidence", {"temperature": 1.0}, None),
+        ("threshold 0.9 (T=1)", "masked", "threshold", {"temperature": 1.0}, None),
+        ("entropy-bounded (T=1)", "masked", "entropy_bounded", {"temperature": 1.0}, None),
+        (f"semi-AR ancestral, blocks of {semi}", "masked", "ancestral", {"block_length": semi},
+         [s for s in steps_of(length) if s >= 8]),
+        ("ancestral, blocks of 1 (left to right)", "masked", "ancestral", {"block_length": 1},
+         [length]),
+        ("block diffusion (size 4, shifted: the default)", "block", "block", {}, None),
+        ("block diffusion (size 4, unshifted)", "block_unshifted", "block", {}, None),
+        ("speculative (oracle draft and verifier)", "block", "speculative", {}, [length]),
+        ("DDPM", "gaussian", "ddpm", {}, None),
+        ("DDIM (probability-flow ODE)", "gaussian", "ddim", {}, None),
+        ("DPM-Solver++(2M)", "gaussian", "dpmpp_2m", {}, None),
+        ("Heun", "gaussian", "heun", {}, None),
+        ("SDE (Euler-Maruyama)", "gaussian", "euler_maruyama", {}, None),
+        ("rolling", "gaussian", "rolling", {}, None),
+        ("AR", "autoregressive", "ar", {}, [length]),
+    ]  # fmt: skip
+
+
+def steps_of(length: int) -> list[int]:
+    """T/64, T/32, ..., T (at least 1)."""
+    return sorted({max(1, length >> k) for k in range(7)})
+
+
+def finite(x):
+    """JSON has no infinity: non-finite figures as strings."""
+    return x if not isinstance(x, float) or math.isfinite(x) else str(x)
+
+
+def run_world(spec: str, length: int, group: str, samples: int, quick: bool) -> dict:
+    """The rows of one world whose process is in ``group`` ("token" or "gaussian"), in one
+    process of one thread."""
+    torch.set_num_threads(1)
+    cpu = time.process_time()
+    world = worlds.load(spec, length=length)
+    models = {p: oracle_model(world, compose("train", o).process) for p, o in PROCESSES.items()}
+    reference = world.transition_reference(length)
+    rows = []
+    for label, process, name, options, counts in families(length):
+        if (process == "gaussian") != (group == "gaussian"):
+            continue
+        for steps in counts or steps_of(length):
+            if quick and steps not in (max(1, length // 16), length):
+                continue
+            plan = Plan(num_samples=samples, seq_len=length, steps=steps, seed=0, cut_at_eos=False)
+            start = time.perf_counter()
+            gen = generate(models[process], named_sampler(name, **options), plan)
+            wall = time.perf_counter() - start
+            tokens = torch.tensor([s.token_ids for s in gen.samples])
+            floor_draws = torch.Generator().manual_seed(1)
+            score = score_samples(world, tokens, generator=floor_draws, reference=reference)
+            rows.append(
+                {
+                    "world": world.name,
+                    "length": length,
+                    "process": process,
+                    "model": "oracle",
+                    "sampler": label,
+                    "sampler_name": name,
+                    "options": options,
+                    "steps": steps,
+                    "nfe": gen.nfe,
+                    "tokens_per_call": length / gen.nfe,
+                    "positions": gen.positions,
+                    "wall_seconds": wall,
+                }
+                | {k: finite(v) for k, v in score.items()}
+            )
+            print(f"{spec}@{length} {label} steps={steps}: nfe={gen.nfe} "
+                  f"kl={score['kl_rate']:.4f} (floor {score['kl_floor']:.4f}) "
+                  f"viol={score['violation_rate']:.3f} {wall:.1f}s", flush=True)  # fmt: skip
+    facts = world.describe() | {"samples": samples}
+    cpu = time.process_time() - cpu
+    return {"key": f"{world.name}@{length}", "facts": facts, "rows": rows, "cpu_seconds": cpu}
+
+
+def at_floor(row: dict, z: float = 2.0) -> bool:
+    """KL rate within z standard errors of the exact samples' floor, no impossible sample."""
+    kl = row["kl_rate"]
+    if isinstance(kl, str) or row["violation_rate"] > 0:
+        return False
+    return kl <= row["kl_floor"] + z * max(row["kl_floor_se"], 1e-12)
+
+
+def fmt(x, digits: int = 3) -> str:
+    return x if isinstance(x, str) else f"{x:.{digits}f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| sampler | steps | NFE | tokens/call | NLL (bits) | KL rate (bits) | TV rate | "
+        "impossible | constraint broken | distinct-2 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = " ✓" if at_floor(r) else ""
+        lines.append(
+            f"| {r['sampler']} | {r['steps']} | {r['nfe']} | {r['tokens_per_call']:.2f} | "
+            f"{fmt(r['nll_truth'])} | {fmt(r['kl_rate'], 4)}{mark} | {fmt(r['tv_rate'])} | "
+            f"{r['violation_rate']:.3f} | {r['constraint_rate']:.4f} | {r['distinct_2']:.3f} |"
+        )
+    return lines
+
+
+def first_at_floor(rows: list[dict]) -> dict[str, int | None]:
+    """Per sampler family, the fewest steps whose row is at the floor (None: never)."""
+    out: dict[str, int | None] = {}
+    for r in rows:
+        out.setdefault(r["sampler"], None)
+        if at_floor(r) and (out[r["sampler"]] is None or r["steps"] < out[r["sampler"]]):
+            out[r["sampler"]] = r["steps"]
+    return out
+
+
+def render(result: dict) -> str:
+    """docs/worlds.md's measured part, from the JSON."""
+    lines = ["<!-- measured: written by experiments/worlds.py from docs/worlds.json -->", ""]
+    for key, facts in result["worlds"].items():
+        rows = [r for r in result["rows"] if f"{r['world']}@{r['length']}" == key]
+        if not rows:
+            continue
+        r0 = rows[0]
+        lines += [
+            f"### {key}",
+            "",
+            f"Entropy rate {r0['entropy_rate']:.4f} bits/token; exact samples' KL-rate floor "
+            f"{r0['kl_floor']:.4f} ± {r0['kl_floor_se']:.4f} bits, TV floor "
+            f"{r0['tv_floor']:.4f}; {facts['samples']} samples a row, {facts['states']} states. "
+            "✓: KL rate within 2 SE of the floor and no impossible sample.",
+            "",
+            *table(rows),
+            "",
+            "Fewest steps at the floor: "
+            + "; ".join(f"{k}: {v if v is not None else 'never'}" for k, v in first_at_floor(rows).items())
+            + ".",
+            "",
+        ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="docs/worlds", help="writes OUT.json and OUT.md")
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--jobs", type=int, default=2, help="worlds in parallel, 1 thread each")
+    parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")
+    parser.add_argument("--render", action="store_true", help="redraw OUT.md from OUT.json")
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.render:
+        result = json.loads(out.with_suffix(".json").read_text())
+    else:
+        start = time.perf_counter()
+        units = [(s, n, g, args.samples, args.quick) for s, n in WORLDS for g in GROUPS]
+        with ProcessPoolExecutor(args.jobs) as pool:
+            parts = list(pool.map(run_world, *zip(*units, strict=True)))
+        result = {
+            "worlds": {p["key"]: p["facts"] for p in parts},
+            "rows": [r for p in parts for r in p["rows"]],
+            "cpu_minutes": sum(p["cpu_seconds"] for p in parts) / 60,
+            "parallel_runs": args.jobs,
+            "wall_minutes": (time.perf_counter() - start) / 60,
+        }
+        atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
+    md = out.with_suffix(".md")
+    head = md.read_text().split("<!-- measured")[0] if md.exists() else "# Exact worlds\n\n"
+    atomic_write_text(md, head + render(result) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {md}")
+
+
+if __name__ == "__main__":
+    main()
