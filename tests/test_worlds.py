@@ -95,6 +95,25 @@ def test_posterior_and_predictive_equal_enumeration(corruption):
         assert torch.allclose(causal[i], brute_posterior(seqs, p, before)[i], atol=2e-6)
 
 
+def test_gaussian_oracle_is_the_exact_posterior_at_per_token_levels():
+    """The gaussian oracle model's logits at x_t with one noise level per token equal
+    enumeration with the Gaussian likelihood of each position under the process's own table."""
+    world = tiny_world(length=3)
+    model = oracle_model(world, process_cfg("gaussian", "process.embed_dim=4"))
+    process, g = model.process, torch.Generator().manual_seed(2)
+    tokens = world.sample(2, 3, g)
+    t = torch.tensor([[0.3, 0.6, 0.9], [0.5, 0.5, 0.5]])
+    x_t = process.noised(process.embedding(tokens), t, torch.randn(2, 3, 4, generator=g))
+    got = process.make_denoiser(model.network)(x_t, t).logits.double().exp()
+    table = process.embedding.table().double()
+    alpha, sigma = process.schedule.alpha(t).double(), process.schedule.sigma(t).double()
+    seqs, p = enumerate_world(world, 3)
+    for b in range(2):
+        diff = x_t[b].double()[:, None] - alpha[b][:, None, None] * table[None]
+        evidence = -(diff**2).sum(-1) / (2 * sigma[b][:, None] ** 2)
+        assert torch.allclose(got[b], brute_posterior(seqs, p, evidence), atol=1e-5)
+
+
 def test_entropy_rate_matches_monte_carlo():
     world = worlds.load("world:agreement")
     x = world.sample(2000, 48, torch.Generator().manual_seed(0))
