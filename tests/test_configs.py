@@ -16,7 +16,7 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import PosteriorInput, VectorInput
-from cdlm.run.build import token_ids
+from cdlm.processes.vocabulary import token_ids
 from cdlm.training.module import DiffusionLM
 from cdlm.training.phases import Phases
 

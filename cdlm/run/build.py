@@ -19,23 +19,8 @@ from cdlm import pretrained
 from cdlm.distillation.module import student_of
 from cdlm.model_file import load_model, load_network_weights, prepared_base
 from cdlm.networks.causal_lm import base_config
-from cdlm.processes import fim
 from cdlm.processes.base import Process
-
-
-def token_ids(process_cfg: DictConfig, tokenizer) -> dict[str, Any]:
-    """The vocabulary facts a process config asks for (its keys left null), from the tokenizer.
-    A process that fills in the middle (``fim_rate`` > 0) gets its sentinels, which are added
-    to the tokenizer here, so that the vocabulary counts them."""
-    fim_ids = fim.add_tokens(tokenizer) if process_cfg.get("fim_rate") else None
-    known = {
-        "fim_ids": fim_ids,
-        "vocab_size": len(tokenizer),
-        "mask_id": tokenizer.mask_token_id,
-        "eos_id": tokenizer.eos_token_id,
-        "bos_id": tokenizer.eos_token_id,  # the AR baseline starts every sequence at EOS
-    }
-    return {k: v for k, v in known.items() if k == "vocab_size" or k in process_cfg}
+from cdlm.processes.vocabulary import token_ids
 
 
 def model_config(
