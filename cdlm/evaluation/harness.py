@@ -11,13 +11,15 @@ from collections.abc import Callable
 
 import torch
 
+from cdlm import worlds
 from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, scorer_is_base
 from cdlm.evaluation.speed import measure
+from cdlm.evaluation.world_score import LN2, canvas, entropy_rate_bits, world_quality
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
 from cdlm.model_file import Model, load_model
 from cdlm.progress import progress
-from cdlm.rng import seeded
+from cdlm.rng import generator, seeded
 from cdlm.sampling import Plan, check_whole_canvases, choose, decode
 
 
@@ -105,6 +107,8 @@ def evaluate_checkpoint(
     likelihood_draws: int = 1,
     cut_at_eos: bool = True,
     temperature: float = 1.0,
+    world: str | None = None,
+    model_options: dict | None = None,
 ) -> dict:
     """Loads, samples (1 warm-up + ``repeats`` timed runs, batch = ``num_samples``), scores the
     samples and as many real val sequences cut to the same lengths, and computes the val bound
@@ -112,9 +116,12 @@ def evaluate_checkpoint(
     ``likelihood_draws`` noise draws (``val_bits_per_token``). ``cut_at_eos=False`` scores
     whole canvases (EOS as line breaks): equal length for every model and sampler; a sampler
     that pads after EOS is refused then (``check_whole_canvases``). ``temperature``: the
-    gaussian x0 softmax temperature (the process's sampling denoiser)."""
+    gaussian x0 softmax temperature (the process's sampling denoiser). ``world``
+    (``world:<name>``, ``scorer=world``): the samples are scored by that world instead, beside
+    exact samples, and the bound is taken on exact samples (``world_sections``).
+    ``model_options``: ``load_model``'s keywords (a world oracle's process)."""
     start = time.perf_counter()
-    model = load_model(ckpt, device)
+    model = load_model(ckpt, device, **(model_options or {}))
     load_seconds = time.perf_counter() - start
     choice = choose(model.process, model.config, steps, sampler)
     if choice.note:
@@ -128,6 +135,7 @@ def evaluate_checkpoint(
             file=sys.stderr,
         )
     check_whole_canvases(choice.sampler, cut_at_eos)
+    judge = None if world is None else world_of(model, world)  # before the sampling, not after
     plan = Plan(
         num_samples=num_samples,
         seq_len=model.config["seq_len"],
@@ -139,7 +147,23 @@ def evaluate_checkpoint(
     )
     speed = measure(model, choice.sampler, plan, repeats)
     samples = speed.generation.samples
-    val = validation_tokens(model, data_path)
+    if judge is None:
+        val = validation_tokens(model, data_path)
+        quality = {
+            "scorer": scorer.name if scorer else None,
+            "scorer_is_base": judged_by_base,
+            "samples": text_quality(
+                [s.token_ids for s in samples], [s.text for s in samples], scorer
+            ),
+            "reference": _reference_quality(model, val, samples, scorer),
+        }
+        likelihood = val_bits_per_token(
+            model, val[:likelihood_sequences], seed, draws=likelihood_draws
+        )
+    else:
+        quality, likelihood = world_sections(
+            model, judge, world, samples, seed, likelihood_sequences, likelihood_draws
+        )
     return {
         "model": _model_facts(model, ckpt),
         "sampler": {
@@ -156,18 +180,54 @@ def evaluate_checkpoint(
         "environment": _environment(device),
         "load_seconds": load_seconds,
         "speed": speed.as_dict(),
-        "quality": {
-            "scorer": scorer.name if scorer else None,
-            "scorer_is_base": judged_by_base,
-            "samples": text_quality(
-                [s.token_ids for s in samples], [s.text for s in samples], scorer
-            ),
-            "reference": _reference_quality(model, val, samples, scorer),
-        },
-        "likelihood": val_bits_per_token(
-            model, val[:likelihood_sequences], seed, draws=likelihood_draws
-        ),
+        "quality": quality,
+        "likelihood": likelihood,
         "samples": [s.text for s in samples],
+    }
+
+
+WORLD_SEQUENCES = 256  # exact samples the bound is taken on when no count is given
+
+
+def world_of(model: Model, spec: str) -> worlds.World:
+    """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
+    the model's (a model judged by another world's ids would be scored as noise)."""
+    world = worlds.load(spec)
+    if model.tokenizer.get_vocab() != world.tokenizer.get_vocab():
+        raise ValueError(
+            f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "
+            "model was trained on (scorer=world: the one it records)"
+        )
+    return world
+
+
+def world_sections(
+    model: Model,
+    world: worlds.World,
+    spec: str,
+    samples,
+    seed: int,
+    sequences: int | None,
+    draws: int,
+) -> tuple[dict, dict]:
+    """``scorer=world``: the quality section (``world_score.world_quality``: the whole canvases
+    of the samples scored by the world ``spec``, beside exact samples), and the likelihood
+    section: the model's bound on ``sequences`` exact samples (the bundled corpus is not the
+    world's), its entropy rate, and the difference, the model's excess bits per token; beside
+    them the world's own NLL of those very sequences (bound minus it: the same excess without
+    the sampling noise of the set, a paired estimate)."""
+    length = model.config["seq_len"]
+    stream = generator(seed)  # one stream: floors, reference and bound sets all differ
+    tokens = canvas([s.token_ids for s in samples], length, world.tokenizer.eos_token_id)
+    quality = world_quality(world, spec, tokens, generator=stream)
+    exact = world.sample(sequences or WORLD_SEQUENCES, length, generator=stream)
+    bound = val_bits_per_token(model, exact, seed, draws=draws)
+    rate = entropy_rate_bits(world, length)
+    return quality, bound | {
+        "data": f"{len(exact)} exact {spec} samples",
+        "entropy_rate_bits": rate,
+        "exact_nll_bits": float(-world.log_prob(exact).mean()) / length / LN2,
+        "excess_bits": bound["bits_per_token"] - rate,
     }
 
 
@@ -208,17 +268,29 @@ def card_metrics(result: dict, command: str) -> dict:
         f"{quality['scorer'] or 'no scorer'}; {result['batch_size']} samples, sampler "
         f"{sampler['name']}, {sampler['steps']} steps, seed {result['seed']}"
     )
+    data = bound.get("data") or f"{bound['sequences']} val sequences"  # a world's: exact samples
     out = {
         "bits_per_token": bound["bits_per_token"],
-        "bound_how": f"{bound['kind']} on {bound['sequences']} val sequences, "
-        f"{bound['draws']} draw(s)",
+        "bound_how": f"{bound['kind']} on {data}, {bound['draws']} draw(s){_excess(bound)}",
         "token_entropy_bits": quality["samples"]["token_entropy_bits"],
         "distinct_2": quality["samples"]["distinct_2"],
         "gen_ppl_how": how,
         "source": command,
     }
+    if "excess_bits" in bound:
+        out["excess_bits"] = bound["excess_bits"]
     if "std_error" in bound:
         out["bits_per_token_std_error"] = bound["std_error"]
     if "gen_ppl" in quality["samples"]:
         out["gen_ppl"] = quality["samples"]["gen_ppl"]
     return out
+
+
+def _excess(bound: dict) -> str:
+    """A world bound's entropy rate and excess bits, for the card's "how" column."""
+    if "excess_bits" not in bound:
+        return ""
+    return (
+        f"; entropy rate {bound['entropy_rate_bits']:.4f}, excess "
+        f"{bound['excess_bits']:.4f} bits/token"
+    )

@@ -18,6 +18,17 @@ QUALITY_ROWS = (
     ("repetition_4", "repeated 4-grams"),
     ("mean_length", "mean length (tokens)"),
 )
+# scorer=world (cdlm/evaluation/world_score.py): these rows first, gen-PPL's row left out
+WORLD_ROWS = (
+    ("nll_truth", "NLL under the world (bits/token, ± s.e.)"),
+    ("entropy_rate", "entropy rate (bits/token)"),
+    ("kl_rate", "transition KL rate (bits)"),
+    ("kl_floor", "its floor: exact samples (± s.e.)"),
+    ("tv_rate", "transition TV rate"),
+    ("tv_floor", "its floor: exact samples (± s.e.)"),
+    ("violation_rate", "impossible samples (share)"),
+    ("constraint_rate", "broken constraints (share)"),
+)
 SPEED_ROWS = (
     ("wall_seconds", "wall time (s)"),
     ("tokens_per_sec", "tokens/s (generated tokens)"),
@@ -38,6 +49,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _with_error(side: dict, key: str) -> str:
+    """A figure, with `± its standard error` where the report has one (``<key>_se``)."""
+    error = side.get(f"{key}_se")
+    suffix = f" ± {_fmt(error)}" if error is not None and side.get(key) is not None else ""
+    return _fmt(side.get(key)) + suffix
+
+
 def summary_markdown(report: dict) -> str:
     """The report as markdown: setup, quality beside real text, likelihood, speed."""
     m, s = report["model"], report["sampler"]
@@ -53,25 +71,33 @@ def summary_markdown(report: dict) -> str:
         f"- model load {report['load_seconds']:.2f} s; warm-up run "
         f"{report['speed']['warmup']['wall_seconds']:.2f} s",
         "",
-        "| quality | samples | real val text |",
-        "|---|---|---|",
     ]
     q = report["quality"]
-    for key, label in QUALITY_ROWS:
+    world = "world" in q  # scored by an exact world: its figures, beside exact samples
+    rows = WORLD_ROWS + QUALITY_ROWS[1:] if world else QUALITY_ROWS
+    beside = f"exact {q['scorer']} samples" if world else "real val text"
+    lines += [f"| quality | samples | {beside} |", "|---|---|---|"]
+    for key, label in rows:
         label = label.format(scorer=q.get("scorer", "scorer"))
         lines.append(
-            f"| {label} | {_fmt(q['samples'].get(key))} | {_fmt(q['reference'].get(key))} |"
+            f"| {label} | {_with_error(q['samples'], key)} | {_with_error(q['reference'], key)} |"
         )
     lik = report.get("likelihood")
     if lik:
         error = (
             f" ± {lik['std_error']:.4f}, mean of {lik['draws']} draws" if "std_error" in lik else ""
         )
-        lines += [
-            "",
+        line = (
             f"Validation {lik['kind']}: **{lik['bits_per_token']:.4f} bits/token** "
-            f"({lik['sequences']} sequences{error}).",
-        ]
+            f"({lik['sequences']} sequences{error})."
+        )
+        if "excess_bits" in lik:  # scorer=world: on exact samples, beside the entropy rate
+            line = (
+                f"{lik['kind']} on {lik['data']}: **{lik['bits_per_token']:.4f} bits/token**"
+                f"{error}; entropy rate {lik['entropy_rate_bits']:.4f} (these sequences' exact "
+                f"NLL {lik['exact_nll_bits']:.4f}): excess **{lik['excess_bits']:.4f} bits/token**."
+            )
+        lines += ["", line]
     lines += ["", "| speed and work (median [min, max]) | value |", "|---|---|"]
     steady = report["speed"]["steady"]
     for key, label in SPEED_ROWS:

@@ -1,0 +1,201 @@
+"""Exact scoring (``cdlm-eval scorer=world``): samples judged by the world that made the data.
+
+Gen-PPL asks a second model, which has its own habits; an exact world (``cdlm.worlds``) knows the
+true likelihood of every sequence, so a sample set can be scored against the truth itself:
+
+- the mean NLL under the world, per token, beside the entropy rate. It is two-sided: exact
+  samples average the entropy rate; below it the samples are too likely (collapse onto the
+  modes), above it they wander where the world rarely goes;
+- Tang et al.'s transition-level KL and TV rates (ICML 2026, "Is Your Diffusion Sampler
+  Actually Correct?"; LuhanTang/dllm_sampler, ``sampler/metrics_full.py``): the empirical
+  next-token distribution of each token against the world's. These plug-in estimates are biased
+  upward (a finite sample never matches a distribution exactly), so each comes with its floor:
+  the same estimator on as many exact samples of the same length;
+- the share of samples the world gives probability 0 (violations), and of the constraints it
+  imposes that they break (``World.constraint_rate``);
+- distinct-2/3, as for every scorer.
+
+A model's bound on exact samples minus the entropy rate is its excess bits (``harness``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from cdlm.evaluation.quality import distinct_n, diversity
+from cdlm.worlds import PREFIX, World, is_world, names
+
+LN2 = math.log(2)
+
+
+class TransitionRates(NamedTuple):
+    """kl: nats per transition; tv: total variation, in [0, 1]."""
+
+    kl: float
+    tv: float
+
+
+def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
+    """Tang et al.'s transition-level KL and TV rates of a sample set.
+
+    Over all M = N (T - 1) consecutive pairs (a, b) of ``tokens`` (N, T): w_a is the share of
+    pairs that start with a and p(b | a) the empirical next-token distribution;
+    KL = sum_a w_a KL(p(. | a) || q(. | a)) (+inf where a pair the world never makes occurs) and
+    TV = sum_a w_a 1/2 sum_b |p(b | a) - q(b | a)| over every b, seen or not.
+
+    Args:
+        tokens: (N, T) token ids, each < V.
+        reference: (V, V) q(b | a), the world's ``transition_reference`` (float64 is kept).
+
+    Only the pairs that occur are touched (a row's unseen successors enter TV through its
+    total), so a large vocabulary costs no (V, V) count table. NaN for T < 2.
+    """
+    v = reference.shape[0]
+    prev, succ = tokens[:, :-1].reshape(-1).cpu().long(), tokens[:, 1:].reshape(-1).cpu().long()
+    m = prev.numel()
+    if m == 0:
+        return TransitionRates(math.nan, math.nan)
+    pairs, counts = torch.unique(prev * v + succ, return_counts=True)
+    a, b = pairs // v, pairs % v
+    counts = counts.double()
+    row_counts = torch.zeros(v, dtype=torch.float64).index_add_(0, a, counts)
+    p = counts / row_counts[a]
+    q = reference.cpu().double()[a, b]
+    kl = float((counts / m * (p.log() - q.log())).sum())
+    seen = torch.unique(a)
+    # sum_b |p - q| = sum over seen b of |p - q| + the mass q puts on the unseen successors
+    seen_gap = torch.zeros(v, dtype=torch.float64).index_add_(0, a, (p - q).abs())
+    seen_mass = torch.zeros(v, dtype=torch.float64).index_add_(0, a, q)
+    unseen = (reference.cpu().double()[seen].sum(-1) - seen_mass[seen]).clamp_min(0)
+    tv = float((row_counts[seen] / m * 0.5 * (seen_gap[seen] + unseen)).sum())
+    return TransitionRates(kl, tv)
+
+
+@lru_cache(maxsize=16)
+def entropy_rate_bits(world: World, length: int) -> float:
+    """``world.entropy_rate(length)`` in bits/token, computed once per world and length: a large
+    world's takes a minute (world:tokens, 8,189 states, about 70 s on 2 cores)."""
+    return world.entropy_rate(length) / LN2
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (NaN for fewer than two values)."""
+    k = len(values)
+    mean = sum(values) / k
+    if k < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in values) / (k - 1) / k)
+
+
+def score_samples(
+    world: World,
+    tokens: Tensor,
+    *,
+    floor_repeats: int = 8,
+    generator: torch.Generator | None = None,
+    reference: Tensor | None = None,
+) -> dict[str, float]:
+    """The world's scores of a sample set ``tokens`` (N, L), token ids of the world's tokenizer.
+
+    Keys (bits are log base 2):
+        samples, length: N and L.
+        nll_truth, nll_truth_se: mean NLL per token under the world in bits/token, and its
+            standard error over samples, over the samples the world can make (NaN if none).
+        entropy_rate: bits/token at length L: what exact samples average.
+        kl_rate, kl_floor, kl_floor_se: transition KL rate in bits per transition; its floor,
+            the mean over ``floor_repeats`` sets of N exact samples of length L, and the floor's
+            standard error. Over all samples: +inf once a pair the world never makes occurs.
+        tv_rate, tv_floor, tv_floor_se: the transition TV rate, unitless in [0, 1], likewise.
+        violation_rate: the share of samples with probability 0.
+        constraint_rate: the mean share of the world's constraints a sample breaks
+            (``World.constraint_rate``; for a world without others, the violation rate).
+        distinct_2, distinct_3: distinct n-grams over all n-grams (``quality.distinct_n``).
+
+    ``generator`` draws the floor's exact samples; ``reference`` is the world's
+    ``transition_reference(L)`` when the caller has it already (a (V, V) table: costly for a
+    large vocabulary).
+    """
+    if tokens.ndim != 2 or tokens.numel() == 0:
+        raise ValueError(f"score_samples needs (N, L) tokens, got shape {tuple(tokens.shape)}")
+    if int(tokens.max()) >= world.vocab_size or int(tokens.min()) < 0:
+        raise ValueError(f"token ids outside world {world.name}'s vocabulary ({world.vocab_size})")
+    n, length = tokens.shape
+    reference = world.transition_reference(length) if reference is None else reference
+    log_p = world.log_prob(tokens)
+    nll = -log_p[torch.isfinite(log_p)] / length / LN2
+    nll_truth, nll_se = _mean_se(nll.tolist()) if nll.numel() else (math.nan, math.nan)
+    rates = transition_rates(tokens, reference)
+    floors = [
+        transition_rates(world.sample(n, length, generator=generator), reference)
+        for _ in range(floor_repeats)
+    ]
+    kl_floor, kl_floor_se = _mean_se([f.kl for f in floors])
+    tv_floor, tv_floor_se = _mean_se([f.tv for f in floors])
+    rows = tokens.tolist()
+    return {
+        "samples": n,
+        "length": length,
+        "nll_truth": nll_truth,
+        "nll_truth_se": nll_se,
+        "entropy_rate": entropy_rate_bits(world, length),
+        "kl_rate": rates.kl / LN2,
+        "kl_floor": kl_floor / LN2,
+        "kl_floor_se": kl_floor_se / LN2,
+        "tv_rate": rates.tv,
+        "tv_floor": tv_floor,
+        "tv_floor_se": tv_floor_se,
+        "violation_rate": float(torch.isinf(log_p).double().mean()),
+        "constraint_rate": float(world.constraint_rate(tokens).mean()),
+        "distinct_2": distinct_n(rows, 2),
+        "distinct_3": distinct_n(rows, 3),
+    }
+
+
+def world_spec(scorer: str, config: dict) -> str | None:
+    """The world a ``scorer=`` value names: ``world:<name>`` itself, ``world`` the model's own
+    (``config["world"]``, which world models and models trained on world data record); None for
+    any other scorer."""
+    if scorer != "world" and not is_world(scorer):
+        return None
+    spec = scorer if is_world(scorer) else config.get("world")
+    if not spec:
+        raise ValueError(
+            "scorer=world scores a model by the world it was trained on, and this model records "
+            f"none; name one: scorer=world:<name> ({', '.join(names())})"
+        )
+    if str(spec)[len(PREFIX) :] not in names():
+        raise ValueError(f"unknown world {spec!r}; valid: {', '.join(names())} (conf/world/)")
+    return str(spec)
+
+
+def canvas(token_lists: list[list[int]], length: int, fill: int) -> Tensor:
+    """(N, length) samples as a world reads them: a sample cut short (at its EOS) is filled
+    with ``fill`` (EOS, which no world emits), so it counts as the violation it is."""
+    return torch.tensor([ids[:length] + [fill] * (length - len(ids)) for ids in token_lists])
+
+
+def world_quality(
+    world: World,
+    spec: str,
+    tokens: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    floor_repeats: int = 8,
+) -> dict:
+    """A report's quality section under a world: the samples' scores and diversity beside those
+    of as many exact samples of the same length (``reference``)."""
+    n, length = tokens.shape
+    reference = world.transition_reference(length)
+    exact = world.sample(n, length, generator=generator)
+    scored = {}
+    for side, rows in (("samples", tokens), ("reference", exact)):
+        scores = score_samples(
+            world, rows, floor_repeats=floor_repeats, generator=generator, reference=reference
+        )
+        scored[side] = diversity(rows.tolist()) | scores
+    return {"scorer": spec, "scorer_is_base": False, "world": world.describe(), **scored}
