@@ -37,6 +37,7 @@ class Transition:
         if (dense is None) == (index is None):
             raise ValueError("give a dense matrix or the top-K index and prob, not both")
         self.dense = None if dense is None else dense.double()
+        self._entropies: Tensor | None = None
         if dense is not None:
             self.size = dense.shape[0]
             return
@@ -73,9 +74,12 @@ class Transition:
         return out.scatter_add_(1, self.index[states], (1.0 - self.eps) * self.prob[states])
 
     def entropies(self, chunk: int = 256) -> Tensor:
-        """(S,) each row's entropy in nats."""
-        states = torch.arange(self.size)
-        return torch.cat([_entropy(self.rows(s)) for s in states.split(chunk)])
+        """(S,) each row's entropy in nats (computed once: a sparse chain's rows are made
+        dense a chunk at a time)."""
+        if self._entropies is None:
+            states = torch.arange(self.size)
+            self._entropies = torch.cat([_entropy(self.rows(s)) for s in states.split(chunk)])
+        return self._entropies
 
     def log_prob(self, prev: Tensor, nxt: Tensor) -> Tensor:
         """log P(nxt | prev) elementwise, float64 (-inf where impossible)."""
