@@ -33,6 +33,7 @@ from cdlm.sampling import Plan, named_sampler
 from cdlm.sampling.generate import generate
 
 WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
+END = "<!-- end measured -->"  # prose after it survives regeneration
 GROUPS = ("token", "gaussian")  # each world's rows in two work units, the longest first
 # label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout (the shifted
 # default cannot see a block's last token once it is revealed: docs/worlds.md)
@@ -217,8 +218,10 @@ def main() -> None:
         }
         atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     md = out.with_suffix(".md")
-    head = md.read_text().split("<!-- measured")[0] if md.exists() else "# Exact worlds\n\n"
-    atomic_write_text(md, head + render(result) + "\n")
+    text = md.read_text() if md.exists() else "# Exact worlds\n\n"
+    head = text.split("<!-- measured")[0].split(END)[0]
+    tail = text.split(END, 1)[1] if END in text else "\n"
+    atomic_write_text(md, head + render(result) + f"\n{END}{tail}")
     print(f"wrote {out.with_suffix('.json')} and {md}")
 
 

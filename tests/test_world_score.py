@@ -192,3 +192,11 @@ def test_cdlm_eval_names_a_wrong_world_in_one_line(tmp_path, scorer, message):
     out = f"out={tmp_path / 'eval.json'}"
     result = run_main("cdlm-eval", *args, "repeats=1", "wandb=false", out, cwd=tmp_path)
     assert_one_line_error(result, message)
+
+
+def test_a_world_report_goes_to_a_file_named_by_world_and_process():
+    from cdlm.cli.eval import default_out
+
+    assert str(default_out("world:chars", "evaluate_checkpoint", "masked")) == (
+        "world-chars-masked.eval.json"
+    )

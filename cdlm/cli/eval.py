@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm import config_dir, hub
+from cdlm import config_dir, hub, worlds
 from cdlm.cli.common import (
     default_wandb_mode,
     fail,
@@ -71,10 +71,13 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     validate_model_and_output(cfg)
 
 
-def default_out(ckpt: str, metric: str) -> Path:
+def default_out(ckpt: str, metric: str, process: str | None = None) -> Path:
     """Where a report goes without ``out=``: beside the model (``eval.json`` in a model folder,
-    ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder."""
+    ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder; for a
+    world's oracle, ``world-<name>-<process>.eval.json`` in the current folder."""
     name = "eval.json" if metric == "evaluate_checkpoint" else f"eval_{metric}.json"
+    if worlds.is_world(ckpt):
+        return Path(f"{ckpt.replace(':', '-')}-{process}.{name}")
     if hub.is_hub_id(ckpt):
         return Path(f"{ckpt.replace('/', '--')}.{name}")
     path = Path(ckpt)
@@ -84,7 +87,9 @@ def default_out(ckpt: str, metric: str) -> Path:
 
 
 def report_path(cfg: DictConfig, metric: str) -> Path:
-    path = Path(cfg.out) if cfg.out else default_out(str(cfg.ckpt), metric)
+    target = (cfg.get("process") or {}).get("_target_", "")
+    process = target.rsplit(".", 1)[-1].removesuffix("Process").lower() or None
+    path = Path(cfg.out) if cfg.out else default_out(str(cfg.ckpt), metric, process)
     if not cfg.out:
         print(f"cdlm-eval: the report goes to {path} (out=FILE to choose)", file=sys.stderr)
     return path
