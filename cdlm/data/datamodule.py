@@ -41,7 +41,30 @@ class SequenceDataset(Dataset):
         return item
 
 
-class TextDataModule(L.LightningDataModule):
+class RankedData(L.LightningDataModule):
+    """What a data module of fixed-length sequences does the same whatever its source: its
+    rank, the end of a fit, and validation batches sharded whole across processes. Subclasses
+    set ``val_set``, ``batch_size``, ``num_workers``, ``order`` and ``stream``."""
+
+    def _rank(self) -> tuple[int, int]:
+        """(global rank, world size) of this process: (0, 1) outside a distributed fit."""
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":  # a later fit starts its own order (a resumed one loads its state)
+            self.order = self.stream = None
+
+    def val_dataloader(self) -> DataLoader:
+        rank, world = self._rank()
+        # several processes: whole batches of the one-process batching, none repeated
+        shards = BatchShards(len(self.val_set), self.batch_size, rank, world) if world > 1 else None
+        return DataLoader(
+            self.val_set, batch_size=self.batch_size, sampler=shards, num_workers=self.num_workers
+        )
+
+
+class TextDataModule(RankedData):
     """Tokenises a corpus into fixed-length sequences and splits them deterministically.
 
     Args:
@@ -232,11 +255,6 @@ class TextDataModule(L.LightningDataModule):
             )
         return ResumableLoader(self.train_set, sampler=self.order, **options)
 
-    def _rank(self) -> tuple[int, int]:
-        """(global rank, world size) of this process: (0, 1) outside a distributed fit."""
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         # Lightning calls this for the batch about to be trained on (the one fetched ahead is not
         # counted yet), so the saved position is the first sequence not yet seen.
@@ -245,15 +263,3 @@ class TextDataModule(L.LightningDataModule):
         if self.stream is not None and self.trainer is not None and self.trainer.training:
             self.stream.taken += len(batch["tokens"])  # this rank's own: no rank shares a stream
         return batch
-
-    def teardown(self, stage: str) -> None:
-        if stage == "fit":  # a later fit starts its own order (a resumed one loads its state)
-            self.order = self.stream = None
-
-    def val_dataloader(self) -> DataLoader:
-        rank, world = self._rank()
-        # several processes: whole batches of the one-process batching, none repeated
-        shards = BatchShards(len(self.val_set), self.batch_size, rank, world) if world > 1 else None
-        return DataLoader(
-            self.val_set, batch_size=self.batch_size, sampler=shards, num_workers=self.num_workers
-        )

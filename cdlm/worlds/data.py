@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from itertools import count
 from typing import Any
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from cdlm.data.datamodule import SequenceDataset
-from cdlm.data.order import BatchShards, ResumableLoader, ResumableSampler
+from cdlm.data.datamodule import RankedData, SequenceDataset
+from cdlm.data.order import ResumableLoader, ResumableSampler
 from cdlm.worlds import PREFIX, is_world, load, names
 from cdlm.worlds.base import NEVER, World
 
@@ -100,7 +99,7 @@ def _specials(tokenizer) -> tuple[int, int, int]:
     return tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.mask_token_id
 
 
-class WorldData(L.LightningDataModule):
+class WorldData(RankedData):
     """Exact samples of a world (``cdlm.worlds``) as training and validation sequences.
 
     Args:
@@ -212,11 +211,6 @@ class WorldData(L.LightningDataModule):
             num_workers=self.num_workers,
         )
 
-    def _rank(self) -> tuple[int, int]:
-        """(global rank, world size) of this process: (0, 1) outside a distributed fit."""
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         # as TextDataModule: counted when about to be trained on, not when fetched ahead
         if self.trainer is not None and self.trainer.training:
@@ -225,15 +219,3 @@ class WorldData(L.LightningDataModule):
             if self.stream is not None:
                 self.stream.taken += 1  # this rank's own batches: no rank shares a stream
         return batch
-
-    def teardown(self, stage: str) -> None:
-        if stage == "fit":  # a later fit starts its own order (a resumed one loads its state)
-            self.order = self.stream = None
-
-    def val_dataloader(self) -> DataLoader:
-        rank, world = self._rank()
-        # several processes: whole batches of the one-process batching, none repeated
-        shards = BatchShards(len(self.val_set), self.batch_size, rank, world) if world > 1 else None
-        return DataLoader(
-            self.val_set, batch_size=self.batch_size, sampler=shards, num_workers=self.num_workers
-        )
