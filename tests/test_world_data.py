@@ -232,3 +232,17 @@ def test_a_resumed_run_trains_on_the_uninterrupted_batches(train_size, tmp_path,
         assert len(set(rows)) == len(rows) == 10
     else:  # the second epoch draws from the first's six sequences
         assert len(set(rows[:6])) == 6 and set(rows[6:]) <= set(rows[:6])
+
+
+def test_a_gaussian_world_model_takes_a_trained_models_embedding_table(tmp_path, monkeypatch):
+    """``ckpt=world:chars process=gaussian embedding=PATH``: the oracle diffuses over the
+    trained model's own table (the world of that model's noise), not the fixed one."""
+    run = [o for o in WORLD_TRAIN if o != "process=masked"] + ["process=gaussian"]
+    cli(monkeypatch, *run, "process.embed_dim=8", f"hydra.run.dir={tmp_path}")
+    trained = load_model(tmp_path / "model.safetensors")
+    process = compose("train", ["process=gaussian"]).process
+    oracle = load_model("world:chars", process=process, embedding=str(tmp_path))
+    fixed = load_model("world:chars", process=process)
+    table = trained.process.embedding.table()
+    assert torch.equal(oracle.process.embedding.table(), table)
+    assert fixed.process.embedding.table().shape[-1] != table.shape[-1]
