@@ -54,7 +54,6 @@ class World:
         self.name, self.tokenizer, self.length = name, tokenizer, length
         self.emit, self.initial, self.steps = emit.long(), initial.double(), steps
         self.vocab_size = len(tokenizer)
-        self.dtype = torch.float64 if self.initial.numel() <= 1024 else torch.float32
 
     def step(self, i: int) -> Transition:
         """The transition into position i >= 1."""
@@ -90,7 +89,7 @@ class World:
         """(B,) exact log p(tokens) in nats, float64; -inf for a sequence the world never makes."""
         onehot = torch.full((*tokens.shape, self.vocab_size), -math.inf, dtype=torch.float64)
         onehot.scatter_(-1, tokens.cpu()[..., None], 0.0)
-        return self._forward(onehot, strict=False)[2]
+        return self._forward(onehot, strict=False, dtype=torch.float64)[2]
 
     def violations(self, tokens: Tensor) -> Tensor:
         """(B,) bool: the sequences the world gives probability 0."""
@@ -112,7 +111,9 @@ class World:
         beta = torch.ones_like(alpha)
         for i in range(alpha.shape[1] - 2, -1, -1):
             message = self.step(i + 1).pull(like[:, i + 1] * beta[:, i + 1])
-            beta[:, i] = message / message.sum(-1, keepdim=True).clamp_min(1e-300)
+            beta[:, i] = message / message.sum(-1, keepdim=True).clamp_min(
+                torch.finfo(like.dtype).tiny
+            )
         joint = alpha * beta
         return self._tokens(joint / joint.sum(-1, keepdim=True), evidence.device)
 
@@ -122,10 +123,13 @@ class World:
         _, pred, _ = self._forward(evidence)
         return self._tokens(pred, evidence.device)
 
-    def _likelihood(self, evidence: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
+    def _likelihood(
+        self, evidence: Tensor, strict: bool = True, dtype: torch.dtype = torch.float32
+    ) -> tuple[Tensor, Tensor]:
         """Per-state likelihoods (B, L, S), each position scaled to max 1, and the scales'
-        logs (B, L)."""
-        ev = evidence.detach().to("cpu", self.dtype)[..., self.emit]
+        logs (B, L). Posteriors are computed in float32 (every message is renormalised, so
+        nothing underflows; probabilities to about 1e-7), likelihoods in float64."""
+        ev = evidence.detach().to("cpu", dtype)[..., self.emit]
         top = ev.amax(-1)
         if strict and torch.isinf(top).any():
             b, i = (int(v) for v in torch.nonzero(torch.isinf(top))[0])
@@ -137,13 +141,17 @@ class World:
         return (ev - finite[..., None]).exp(), finite
 
     def _forward(
-        self, evidence: Tensor, like: Tensor | None = None, strict: bool = True
+        self,
+        evidence: Tensor,
+        like: Tensor | None = None,
+        strict: bool = True,
+        dtype: torch.dtype = torch.float32,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Scaled forward pass: filtered state marginals (B, L, S), predictive state marginals
         before each position's evidence (B, L, S), and log p(evidence) (B,) (float64)."""
         scale = None
         if like is None:
-            like, scale = self._likelihood(evidence, strict)
+            like, scale = self._likelihood(evidence, strict, dtype)
         b, length, _ = like.shape
         alpha, pred = torch.empty_like(like), torch.empty_like(like)
         totals = torch.empty(b, length, dtype=like.dtype)
@@ -154,7 +162,7 @@ class World:
             pred[:, i] = message
             joint = message * like[:, i]
             totals[:, i] = joint.sum(-1)
-            alpha[:, i] = joint / totals[:, i, None].clamp_min(1e-300)
+            alpha[:, i] = joint / totals[:, i, None].clamp_min(torch.finfo(like.dtype).tiny)
         log_z = totals.double().log().sum(-1)
         if scale is not None:
             log_z = log_z + scale.double().sum(-1)

@@ -38,6 +38,7 @@ class Transition:
             raise ValueError("give a dense matrix or the top-K index and prob, not both")
         self.dense = None if dense is None else dense.double()
         self._entropies: Tensor | None = None
+        self._cast: dict[torch.dtype, Tensor] = {}
         if dense is not None:
             self.size = dense.shape[0]
             return
@@ -52,17 +53,23 @@ class Transition:
         self.matrix = coo.coalesce().to_sparse_csr()  # P_topK scaled, (S, S)
         self.matrix_t = coo.t().coalesce().to_sparse_csr()
 
+    def _dense(self, dtype: torch.dtype) -> Tensor:
+        """The dense matrix in ``dtype``, converted once per dtype."""
+        if dtype not in self._cast:
+            self._cast[dtype] = self.dense.to(dtype)
+        return self._cast[dtype]
+
     def push(self, message: Tensor) -> Tensor:
         """message @ P: (B, S) weights on states -> weights on their successors."""
         if self.dense is not None:
-            return message @ self.dense.to(message.dtype)
+            return message @ self._dense(message.dtype)
         out = (self.matrix_t.to(message.dtype) @ message.T).T
         return out + self.eps * message.sum(-1, keepdim=True) * self.teleport.to(message.dtype)
 
     def pull(self, message: Tensor) -> Tensor:
         """message @ P^T: (B, S) weights on successors -> their expectation from each state."""
         if self.dense is not None:
-            return message @ self.dense.T.to(message.dtype)
+            return message @ self._dense(message.dtype).T
         out = (self.matrix.to(message.dtype) @ message.T).T
         return out + self.eps * (message @ self.teleport.to(message.dtype))[:, None]
 
