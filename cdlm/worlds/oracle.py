@@ -159,24 +159,10 @@ class OracleNetwork(nn.Module):
         if positions is None:
             positions = torch.arange(past, past + width, device=x.device)
         evidence = self.evidence(x)
-        if positions.dim() == 2:  # per-row positions: each row alone
-            rows = []
-            for b in range(x.shape[0]):
-                keys = self._keys(cache, positions[b], evidence[b : b + 1], b)
-                rows.append(self._answer(keys, positions[b], attn_mask, 1))
-            if cache is not None and not cache.frozen:
-                cache.extend(positions[0], evidence)
-            return torch.cat(rows)
+        if positions.dim() != 1:
+            raise ValueError("an oracle network takes positions (W,) shared by the batch")
         keys = (positions, evidence) if cache is None else cache.extend(positions, evidence)
         return self._answer(keys, positions, attn_mask, x.shape[0])
-
-    def _keys(self, cache, positions: Tensor, evidence: Tensor, row: int) -> tuple[Tensor, Tensor]:
-        if cache is None or cache.positions is None:
-            return positions, evidence
-        return (
-            torch.cat([cache.positions, positions]),
-            torch.cat([cache.evidence[row : row + 1], evidence], 1),
-        )
 
     def _answer(
         self, keys: tuple[Tensor, Tensor], queries: Tensor, attn_mask: Tensor | None, batch: int
