@@ -167,9 +167,63 @@ def first_at_floor(rows: list[dict]) -> dict[str, int | None]:
     return out
 
 
+def equal_nfe(rows: list[dict]) -> list[str]:
+    """At each NFE, the best token-process row against the best gaussian one (lowest KL rate;
+    rows with an impossible sample are not candidates)."""
+    lines = [
+        "| NFE | best masked/block sampler | its KL rate | best gaussian sampler | its KL rate |",
+        "|---|---|---|---|---|",
+    ]
+    for nfe in sorted({r["nfe"] for r in rows}):
+        best = []
+        for gaussian in (False, True):
+            side = [
+                r
+                for r in rows
+                if r["nfe"] == nfe
+                and (r["process"] == "gaussian") == gaussian
+                and r["process"] != "autoregressive"
+                and not isinstance(r["kl_rate"], str)
+                and r["violation_rate"] == 0
+            ]
+            best.append(min(side, key=lambda r: r["kl_rate"]) if side else None)
+        if None in best:
+            continue
+        (t, g) = best
+        lines.append(
+            f"| {nfe} | {t['sampler']} | {t['kl_rate']:.4f} | {g['sampler']} | {g['kl_rate']:.4f} |"
+        )
+    return lines
+
+
+def predicted_disagreement(rows: list[dict], facts: dict) -> list[str]:
+    """MDLM ancestral on the agreement world: each position is revealed at an independent
+    uniform step of s, both ends of a segment at the same one with probability 1/s, and then
+    they disagree with probability 1 - 1/names (the filler says nothing of the name)."""
+    segments = facts["samples"] * (facts["length"] // facts["period"])
+    lines = [
+        "| steps | segments broken (measured ± SE) | (1 - 1/names) / steps |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        if r["sampler"] == "MDLM ancestral":
+            predicted = (1 - 1 / facts["names"]) / r["steps"]
+            p = r["constraint_rate"]
+            se = math.sqrt(max(p * (1 - p), 1e-12) / segments)
+            lines.append(f"| {r['steps']} | {p:.4f} ± {se:.4f} | {predicted:.4f} |")
+    return lines
+
+
 def render(result: dict) -> str:
     """docs/worlds.md's measured part, from the JSON."""
-    lines = ["<!-- measured: written by experiments/worlds.py from docs/worlds.json -->", ""]
+    lines = [
+        "<!-- measured: written by experiments/worlds.py from docs/worlds.json -->",
+        "",
+        f"One run: {result['wall_minutes']:.1f} minutes of wall clock, "
+        f"{result['cpu_minutes']:.1f} CPU minutes, in {result['parallel_runs']} processes of one "
+        "thread each.",
+        "",
+    ]
     for key, facts in result["worlds"].items():
         rows = [r for r in result["rows"] if f"{r['world']}@{r['length']}" == key]
         if not rows:
@@ -189,7 +243,18 @@ def render(result: dict) -> str:
             + "; ".join(f"{k}: {v if v is not None else 'never'}" for k, v in first_at_floor(rows).items())
             + ".",
             "",
+            "At equal NFE (rows with no impossible sample):",
+            "",
+            *equal_nfe(rows),
+            "",
         ]  # fmt: skip
+        if "names" in facts:
+            lines += [
+                "MDLM ancestral against the closed form for independent uniform reveal steps:",
+                "",
+                *predicted_disagreement(rows, facts),
+                "",
+            ]
     return "\n".join(lines)
 
 
