@@ -150,7 +150,9 @@ def process_cfg(name: str, *overrides: str):
 
 
 def draw(model, sampler: str, steps: int, n: int, seq_len: int, seed: int = 0, **options):
-    cfg = compose("sample", [f"sampler={sampler}"] + [f"sampler.{k}={v}" for k, v in options.items()])
+    cfg = compose(
+        "sample", [f"sampler={sampler}"] + [f"sampler.{k}={v}" for k, v in options.items()]
+    )
     plan = Plan(num_samples=n, seq_len=seq_len, steps=steps, seed=seed, cut_at_eos=False)
     gen = generate(model, instantiate(cfg.sampler), plan)
     return torch.tensor([s.token_ids for s in gen.samples])

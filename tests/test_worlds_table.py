@@ -1,0 +1,86 @@
+"""The reading of experiments/worlds.py (the floor verdict, equal-NFE comparison, the agreement
+world's closed form, prose kept on regeneration) on hand-made rows, and the shipped table."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_speed_table import _script
+
+worlds_table = _script("worlds", "experiments")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def row(sampler: str, process: str, steps: int, kl: float, **more) -> dict:
+    return {
+        "sampler": sampler,
+        "process": process,
+        "steps": steps,
+        "nfe": steps,
+        "kl_rate": kl,
+        "kl_floor": 0.01,
+        "kl_floor_se": 0.001,
+        "violation_rate": 0.0,
+        "constraint_rate": 0.0,
+    } | more
+
+
+def test_a_row_is_at_the_floor_within_two_standard_errors_and_with_no_impossible_sample():
+    assert worlds_table.at_floor(row("a", "masked", 8, 0.0119))
+    assert not worlds_table.at_floor(row("a", "masked", 8, 0.0121))
+    assert not worlds_table.at_floor(row("a", "masked", 8, 0.005, violation_rate=0.01))
+    assert not worlds_table.at_floor(row("a", "masked", 8, "inf"))
+
+
+def test_fewest_steps_at_the_floor_and_the_best_of_each_side_at_equal_nfe():
+    rows = [
+        row("mdlm", "masked", 8, 0.5),
+        row("mdlm", "masked", 64, 0.011),
+        row("llada", "masked", 8, 0.3),
+        row("ddim", "gaussian", 8, 0.02),
+        row("sde", "gaussian", 8, 0.01, violation_rate=0.1),  # impossible samples: no candidate
+        row("ar", "autoregressive", 64, 0.01),
+    ]
+    assert worlds_table.first_at_floor(rows) == {
+        "mdlm": 64, "llada": None, "ddim": None, "sde": None, "ar": 64,
+    }  # fmt: skip
+    lines = worlds_table.equal_nfe(rows)
+    assert lines[2:] == ["| 8 | llada | 0.3000 | ddim | 0.0200 |"]  # 64: no gaussian row
+
+
+def test_the_agreement_closed_form_is_half_over_the_steps_for_two_names():
+    facts = {"samples": 100, "length": 32, "period": 16, "names": 2}
+    lines = worlds_table.predicted_disagreement(
+        [row("MDLM ancestral", "masked", 4, 0.1, constraint_rate=0.12)], facts
+    )
+    assert lines[-1] == "| 4 | 0.1200 ± 0.0230 | 0.1250 |"
+
+
+def test_regeneration_keeps_the_prose_around_the_measured_part(tmp_path, monkeypatch):
+    out = tmp_path / "w"
+    result = {
+        "worlds": {"chars@8": {"samples": 2, "states": 27, "length": 8}},
+        "rows": [row("mdlm", "masked", 8, 0.02, world="chars", length=8, nll_truth=3.0,
+                     entropy_rate=3.3, tokens_per_call=1.0, tv_rate=0.1, tv_floor=0.1,
+                     distinct_2=0.5)],
+        "wall_minutes": 1.0, "cpu_minutes": 2.0, "parallel_runs": 2,
+    }  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(result))
+    out.with_suffix(".md").write_text(
+        f"# W\n\nintro\n\n<!-- measured -->\nold\n{worlds_table.END}\n\nreading\n"
+    )
+    monkeypatch.setattr(sys, "argv", ["worlds.py", "--render", "--out", str(out)])
+    worlds_table.main()
+    text = out.with_suffix(".md").read_text()
+    assert text.startswith("# W\n\nintro\n\n<!-- measured") and text.endswith("\n\nreading\n")
+    assert "old" not in text and "| mdlm | 8 | 8 |" in text
+
+
+@pytest.mark.skipif(not (ROOT / "docs/worlds.json").exists(), reason="not measured yet")
+def test_the_shipped_table_carries_the_fields_the_issue_names():
+    result = json.loads((ROOT / "docs/worlds.json").read_text())
+    fields = {"world", "process", "model", "sampler", "steps", "nfe", "tokens_per_call",
+              "nll_truth", "entropy_rate", "kl_rate", "kl_floor", "tv_rate", "violation_rate"}  # fmt: skip
+    assert result["worlds"] and result["rows"]
+    assert all(fields <= set(r) for r in result["rows"])
