@@ -128,6 +128,16 @@ def record_metrics(folder: str | Path, metrics: dict, ref: str | None = None) ->
     return True
 
 
+def record_metrics_of(ckpt: str, metrics: dict) -> Path | None:
+    """``record_metrics`` for the model folder that ``ckpt`` is or sits in; the card written,
+    or None (a Hub id, a world, a bare model file)."""
+    if is_hub_id(ckpt) or not Path(ckpt).exists():
+        return None
+    path = Path(ckpt)
+    folder = path if path.is_dir() else path.parent
+    return folder / CARD if record_metrics(folder, metrics) else None
+
+
 def push_folder(
     folder: str | Path,
     repo_id: str,

@@ -1,99 +1,33 @@
-"""Self-contained, pickle-free model files, alone or in a Hugging Face model folder.
+"""Self-contained, pickle-free model files, alone or in a Hugging Face model folder, read back.
 
-A cdlm checkpoint is one ``.safetensors`` file: the weights of the process (embeddings) and the
-network, plus metadata holding the JSON configs that rebuild them and the tokenizer JSON. Loading
-never unpickles anything, and only ``cdlm.*`` / ``torch.*`` classes may be instantiated from the
-stored configs. Files are written to a temporary name and renamed, so a crash never leaves half a
-checkpoint behind. ``Model.save_pretrained`` puts that file in a folder with the Hub's companions
-(``cdlm.hub``); every loader here takes the file, such a folder or a Hub id.
+A cdlm checkpoint is one ``.safetensors`` file (``cdlm.model.save_model``): the weights of the
+process (embeddings) and the network, plus metadata holding the JSON configs that rebuild them
+and the tokenizer JSON. Loading never unpickles anything, and only ``cdlm.*`` / ``torch.*``
+classes may be instantiated from the stored configs. Every loader here takes the file, a
+model folder or a Hub id; ``load_model`` also takes a pretrained causal LM and a world.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open
 from torch import nn
 
 from cdlm import hub, pretrained, worlds
-from cdlm.data.tokenizer import for_base, serialise, wrap
-from cdlm.io import atomic_path
+from cdlm.data.tokenizer import for_base, wrap
+from cdlm.model import FORMAT, Model, ModelFileError, build, qualname, save_model
 from cdlm.networks.causal_lm import CausalLM, base_config, grow_vocabulary
 from cdlm.processes.autoregressive import AutoregressiveProcess
-from cdlm.processes.vocabulary import token_ids
-from cdlm.worlds.oracle import OracleNetwork
+from cdlm.world_model import oracle_model, world_model
 
-FORMAT = "cdlm-1"
 ALLOWED_TARGETS = ("cdlm.", "torch.")
-
-
-class ModelFileError(ValueError):
-    """A checkpoint is missing, unreadable or not a cdlm model file."""
-
-
-@dataclass
-class Model:
-    """Everything sampling needs: process, network, tokenizer and the stored configs; ``facts``:
-    the model card's (training, measured figures) when loaded from a model folder."""
-
-    process: nn.Module
-    network: nn.Module
-    tokenizer: Any
-    config: dict[str, Any]
-    facts: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def denoiser(self):
-        return self.process.make_denoiser(self.network)
-
-    def card_facts(self) -> dict[str, Any]:
-        """The card's facts: what the model says about itself, then what was recorded."""
-        modules = (self.process, self.network)
-        n = sum(p.numel() for m in modules for p in m.parameters())
-        own = {"process": self.process.kind, "parameters": n, "vocab": len(self.tokenizer)}
-        own["sampler"] = self.process.default_sampler
-        return own | self.facts
-
-    def save_pretrained(self, folder: str | Path, ref: str | None = None) -> Path:
-        """Writes the Hub layout into ``folder``: ``model.safetensors``, ``config.json``, the
-        tokenizer files and the ``README.md`` model card (``ref`` names the model in its
-        commands; default the folder). Returns the folder."""
-        folder = Path(folder)
-        save_model(folder / hub.WEIGHTS, self)
-        hub.write_companions(folder, self.config, self.tokenizer, self.card_facts(), ref)
-        return folder
-
-    def push_to_hub(self, repo_id: str, *, token: str | None = None, private: bool = False) -> str:
-        """Uploads the model to the Hugging Face Hub as ``repo_id`` (through
-        ``huggingface_hub.HfApi``); returns the commit URL."""
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(tmp, ref=repo_id)
-            return hub.push_folder(tmp, repo_id, token=token, private=private)
-
-
-def save_model(path: str | Path, model: Model) -> None:
-    path = Path(path)
-    state = {f"process.{k}": v for k, v in model.process.state_dict().items()}
-    state |= {f"network.{k}": v for k, v in model.network.state_dict().items()}
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-    tok_json, specials = serialise(model.tokenizer)
-    metadata = {
-        "format": FORMAT,
-        "config": json.dumps(model.config),
-        "tokenizer": tok_json,
-        "special_tokens": json.dumps(specials),
-    }
-    with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata=metadata)
+# the record and its writer live in cdlm.model; callers read them here, beside the loaders
+__all__ = ["FORMAT", "Model", "ModelFileError", "load_model", "oracle_model", "save_model"]
 
 
 def _check_targets(node: Any) -> None:
@@ -189,18 +123,6 @@ def _local(ref: str | Path, revision: str | None = None) -> tuple[Path, dict]:
     return hub.weights_path(folder), facts
 
 
-def _build(path: Path, config: dict[str, Any], part: str) -> nn.Module:
-    """The stored ``part`` config instantiated; one this cdlm cannot build (a file written by
-    another version, say) is named in one line."""
-    try:
-        return instantiate(config[part])
-    except InstantiationException as e:
-        cause = " ".join(str(e.__cause__ or e).split())
-        raise ModelFileError(
-            f"{path}: its {part} config does not fit this version of cdlm: {cause}"
-        ) from None
-
-
 def load_model(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -215,7 +137,8 @@ def load_model(
     ``process`` (``world:<name>``: ``world_model``, with ``embedding``). ``process`` belongs to
     worlds alone: a file carries its own."""
     if worlds.is_world(str(path)):
-        return world_model(str(path), process, device, embedding)
+        table = None if embedding is None else load_model(embedding)
+        return world_model(str(path), process, device, table)
     if process is not None or embedding is not None:
         raise ModelFileError(
             f"process= and embedding= apply to world:<name> models; {path} carries its own"
@@ -233,7 +156,7 @@ def load_model(
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
-    process, network = (_build(path, config, part) for part in ("process", "network"))
+    process, network = (build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         try:
@@ -242,80 +165,6 @@ def load_model(
             raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
-
-
-GAUSSIAN = "cdlm.processes.gaussian.GaussianProcess"
-
-
-def world_model(
-    spec: str, process: Any, device: str | torch.device = "cpu", embedding: str | None = None
-) -> Model:
-    """The world ``world:<name>`` (conf/world/) as a cdlm model of ``process``: ``oracle_model``."""
-    if process is None:
-        raise ModelFileError(
-            f"{spec} needs a process: process=masked|gaussian|autoregressive|block"
-        )
-    try:
-        world = worlds.load(spec)
-    except ValueError as e:
-        raise ModelFileError(str(e)) from None
-    model = oracle_model(world, process, device, embedding)
-    model.config["world"] = model.config["network"]["world"] = spec
-    return model
-
-
-def oracle_model(
-    world: worlds.World,
-    process: Any,
-    device: str | torch.device = "cpu",
-    embedding: str | None = None,
-) -> Model:
-    """``world`` as a cdlm model of ``process`` (a process config, e.g. conf/process/masked.yaml
-    composed) whose network is the world's exact posterior (``OracleNetwork``). A gaussian
-    oracle reads the posterior input unshifted (each token's own level, exactly) with no readout
-    skip or prediction pieces, over a fixed normalised embedding table (seed 0) or, with
-    ``embedding`` (a cdlm model), that model's own table."""
-    cfg = OmegaConf.to_container(process, resolve=True) if OmegaConf.is_config(process) else process
-    if cfg.get("_target_") == GAUSSIAN:
-        cfg = _oracle_gaussian(cfg, embedding)
-    elif embedding is not None:
-        raise ModelFileError("embedding= applies to a gaussian world model (process=gaussian)")
-    kwargs = token_ids(cfg, world.tokenizer)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        built = _build(Path(world.name), {"process": cfg | kwargs}, "process")
-    if embedding is not None:
-        prefix = "process.embedding."
-        table = load_file(str(_local(embedding)[0]))
-        built.embedding.load_state_dict(
-            {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
-        )
-    network = OracleNetwork(
-        world, **built.network_kwargs, shift=built.next_token_layout, mask_id=kwargs.get("mask_id")
-    )
-    config = {
-        "process": cfg | kwargs,
-        "network": {"_target_": _qualname(network), "world": world.name},
-        "seq_len": world.length,
-        "labels": [],
-        "world": world.name,
-    }
-    return Model(built.to(device).eval(), network.to(device).eval(), world.tokenizer, config)
-
-
-def _oracle_gaussian(cfg: dict, embedding: str | None) -> dict:
-    """A gaussian process config made exact for an oracle (see ``world_model``)."""
-    objective = cfg.get("objective") or {}
-    if "X0MSE" in str(objective.get("_target_", "")):
-        raise ModelFileError("a gaussian world model predicts logits: objective=ce")
-    cfg = cfg | {
-        "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput", "shift": False},
-        "objective": objective | {"readout_skip": False},
-        "prediction": [],
-    }
-    if embedding is not None:
-        cfg["embed_dim"] = load_model(embedding).config["process"]["embed_dim"]
-    return cfg
 
 
 def prepared_base(spec: str, mask: bool, device: str | torch.device = "cpu"):
@@ -343,20 +192,16 @@ def base_model(spec: str, device: str | torch.device = "cpu", seq_len: int = 128
     network.load_base(lm)
     config = {
         "process": {
-            "_target_": _qualname(process),
+            "_target_": qualname(process),
             "vocab_size": len(tokenizer),
             "bos_id": tokenizer.eos_token_id,
         },
-        "network": {"_target_": _qualname(network)} | kwargs,
+        "network": {"_target_": qualname(network)} | kwargs,
         "seq_len": seq_len,
         "labels": [],
         "base": base.record() | {"weights": "base"},
     }
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
-
-
-def _qualname(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def from_pretrained(

@@ -111,13 +111,22 @@ def check(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
             rule.check(key, value)
 
 
-def require_model_file(path: Any, base_ok: bool = False) -> None:
+def require_model_file(path: Any, base_ok: bool = False, process: Any = None) -> None:
     """A ``UsageError`` unless ``path`` can be a cdlm model file (or, with ``base_ok``, names a
-    pretrained causal LM that exists: ``cdlm.pretrained``): found before Hydra starts, and
-    before cdlm-eval loads its scorer."""
-    if worlds.is_world(path):
+    pretrained causal LM that exists: ``cdlm.pretrained``; or a world, given a ``process``):
+    found before Hydra starts, and before cdlm-eval loads its scorer."""
+    world = worlds.is_world(path)
+    require(
+        world == (process is not None),
+        f"ckpt={path} needs process=masked|block|gaussian|autoregressive"
+        if world
+        else "process= applies to ckpt=world:<name> (a model file carries its own process)",
+    )
+    if world:
         name = str(path)[len(worlds.PREFIX) :]
-        require(name in worlds.names(), f"unknown world {name!r}; valid: {', '.join(worlds.names())}")
+        require(
+            name in worlds.names(), f"unknown world {name!r}; valid: {', '.join(worlds.names())}"
+        )
         return
     try:
         if base_ok and pretrained.is_base(path):

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from speed_report import markdown  # experiments/, the script's folder
 
+from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.evaluation.guard_share import EntropyGuard, Guard, GuardedBlocks, ThresholdGuard
-from cdlm.evaluation.harness import text_quality, val_bits_per_token
+from cdlm.evaluation.harness import text_quality
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
 from cdlm.io import atomic_write_text

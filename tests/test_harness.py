@@ -7,7 +7,8 @@ import pytest
 import torch
 from test_quality import CharTokenizer, UniformLM
 
-from cdlm.evaluation.harness import evaluate_checkpoint, val_bits_per_token
+from cdlm.evaluation.bound import val_bits_per_token
+from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread

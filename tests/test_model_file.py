@@ -61,7 +61,7 @@ def test_failed_write_keeps_the_previous_file(model, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("cdlm.model_file.save_file", broken)
+    monkeypatch.setattr("cdlm.model.save_file", broken)
     with pytest.raises(OSError):
         save_model(path, model)
     assert path.read_bytes() == before

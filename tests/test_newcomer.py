@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch.callbacks import Timer
 
-from cdlm.cli.eval import default_out, usage
+from cdlm.cli.eval import usage
 from cdlm.evaluation import quality
+from cdlm.evaluation.report import default_path as default_out
 from cdlm.sampling import check_whole_canvases, named_sampler, stops_at_eos
 from cdlm.training.progress import BudgetProgressBar, budget
 

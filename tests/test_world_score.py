@@ -195,8 +195,9 @@ def test_cdlm_eval_names_a_wrong_world_in_one_line(tmp_path, scorer, message):
 
 
 def test_a_world_report_goes_to_a_file_named_by_world_and_process():
-    from cdlm.cli.eval import default_out
+    from cdlm.evaluation.report import default_path
 
-    assert str(default_out("world:chars", "evaluate_checkpoint", "masked")) == (
+    target = "cdlm.processes.masked.MaskedProcess"
+    assert str(default_path("world:chars", "evaluate_checkpoint", target)) == (
         "world-chars-masked.eval.json"
     )

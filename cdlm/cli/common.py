@@ -20,7 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from cdlm import config_dir, worlds
+from cdlm import config_dir
 from cdlm.configs import compose_checked, one_line
 from cdlm.validation import UsageError, require, require_model_file, require_output_file
 
@@ -110,11 +110,10 @@ def validate_model_and_output(cfg: DictConfig) -> None:
     # in a multirun a relative out= lands in each job's folder, which Hydra makes
     require_output_file("out", cfg.out, per_job=relative and hydra_args().multirun)
     resolve_device(cfg.device)
-    world = worlds.is_world(cfg.ckpt)
-    require(
-        world == (cfg.get("process") is not None),
-        f"ckpt={cfg.ckpt} needs process=masked|block|gaussian|autoregressive"
-        if world
-        else "process= applies to ckpt=world:<name> (a model file carries its own process)",
-    )
-    require_model_file(cfg.ckpt, base_ok=True)
+    require_model_file(cfg.ckpt, base_ok=True, process=cfg.get("process"))
+
+
+def model_options(cfg: DictConfig) -> dict:
+    """``load_model``'s options for ``ckpt=world:<name>`` (a world's oracle): its process and
+    embedding table; None for a model file, which carries its own."""
+    return {"process": cfg.get("process"), "embedding": cfg.get("embedding")}

@@ -13,17 +13,17 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from cdlm import config_dir, hub, worlds
+from cdlm import config_dir, hub
 from cdlm.cli.common import (
     default_wandb_mode,
     fail,
+    model_options,
     resolve_device,
     run,
     validate_model_and_output,
 )
-from cdlm.evaluation import harness
+from cdlm.evaluation import harness, report
 from cdlm.evaluation.quality import SCORER_INSTALL, load_scorer
-from cdlm.evaluation.report import compare_markdown, log_to_wandb, summary_markdown
 from cdlm.evaluation.world_score import world_spec
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import evaluate, validation_tokens
@@ -71,25 +71,9 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     validate_model_and_output(cfg)
 
 
-def default_out(ckpt: str, metric: str, process: str | None = None) -> Path:
-    """Where a report goes without ``out=``: beside the model (``eval.json`` in a model folder,
-    ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder; for a
-    world's oracle, ``world-<name>-<process>.eval.json`` in the current folder."""
-    name = "eval.json" if metric == "evaluate_checkpoint" else f"eval_{metric}.json"
-    if worlds.is_world(ckpt):
-        return Path(f"{ckpt.replace(':', '-')}-{process}.{name}")
-    if hub.is_hub_id(ckpt):
-        return Path(f"{ckpt.replace('/', '--')}.{name}")
-    path = Path(ckpt)
-    if path.is_dir():
-        return path / name
-    return path.with_name(name if path.stem == "model" else f"{path.stem}.{name}")
-
-
 def report_path(cfg: DictConfig, metric: str) -> Path:
-    target = (cfg.get("process") or {}).get("_target_", "")
-    process = target.rsplit(".", 1)[-1].removesuffix("Process").lower() or None
-    path = Path(cfg.out) if cfg.out else default_out(str(cfg.ckpt), metric, process)
+    process = (cfg.get("process") or {}).get("_target_")
+    path = Path(cfg.out) if cfg.out else report.default_path(str(cfg.ckpt), metric, process)
     if not cfg.out:
         print(f"cdlm-eval: the report goes to {path} (out=FILE to choose)", file=sys.stderr)
     return path
@@ -97,18 +81,8 @@ def report_path(cfg: DictConfig, metric: str) -> Path:
 
 def update_card(cfg: DictConfig, metrics: dict) -> None:
     """Records the figures in the model folder's card, when ``ckpt`` is (in) such a folder."""
-    if hub.is_hub_id(str(cfg.ckpt)):
-        return
-    path = Path(str(cfg.ckpt))
-    folder = path if path.is_dir() else path.parent
-    if hub.record_metrics(folder, metrics):
-        print(f"cdlm-eval: recorded the figures in the model card {folder / hub.CARD}")
-
-
-def model_options(cfg: DictConfig) -> dict:
-    """``load_model``'s options for ``ckpt=world:<name>`` (a world's oracle): its process and
-    embedding table; None for a model file, which carries its own."""
-    return {"process": cfg.get("process"), "embedding": cfg.get("embedding")}
+    if card := hub.record_metrics_of(str(cfg.ckpt), metrics):
+        print(f"cdlm-eval: recorded the figures in the model card {card}")
 
 
 def full_report(cfg: DictConfig) -> None:
@@ -144,7 +118,7 @@ def full_report(cfg: DictConfig) -> None:
         world=world,
         model_options=model_options(cfg),
     )
-    summary = summary_markdown(result)
+    summary = report.summary_markdown(result)
     print(summary)
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     atomic_write_text(path.with_suffix(".md"), summary)
@@ -152,7 +126,7 @@ def full_report(cfg: DictConfig) -> None:
     update_card(cfg, harness.card_metrics(result, command()))
     if cfg.wandb:
         default_wandb_mode()
-        log_to_wandb(result)
+        report.log_to_wandb(result)
 
 
 def task_report(cfg: DictConfig) -> None:
@@ -193,7 +167,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     tokens = validation_tokens(model, cfg.data.path, cfg.data.val_fraction, cfg.data.packing)
     start = time.perf_counter()
     name = metric.func.__name__
-    report = evaluate(
+    measured = evaluate(
         model,
         metric,
         tokens,
@@ -202,20 +176,20 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
         seed=cfg.seed,
         desc=f"cdlm-eval: {name} batch",
     )
-    report = {
+    measured = {
         "metric": name,
         "ckpt": str(cfg.ckpt),
-        **report,
+        **measured,
         "options": OmegaConf.to_container(cfg.metric) | {"seed": cfg.seed},
         "wall_seconds": round(time.perf_counter() - start, 3),
     }
-    terms = ", ".join(f"{k}={v:.4f}" for k, v in report["bits_per_token"].items())
-    print(f"cdlm-eval: {name} on {report['sequences']} sequences, bits/token: {terms}")
+    terms = ", ".join(f"{k}={v:.4f}" for k, v in measured["bits_per_token"].items())
+    print(f"cdlm-eval: {name} on {measured['sequences']} sequences, bits/token: {terms}")
     path = report_path(cfg, name)
-    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(measured, indent=2) + "\n")
     print(f"cdlm-eval: wrote {path}")
-    how = f"{name} on {report['sequences']} val sequences, seed {cfg.seed}"
-    total = report["bits_per_token"].get("total")
+    how = f"{name} on {measured['sequences']} val sequences, seed {cfg.seed}"
+    total = measured["bits_per_token"].get("total")
     if total is not None:
         update_card(cfg, {"bits_per_token": total, "bound_how": how, "source": command()})
 
@@ -248,7 +222,7 @@ def main() -> None:
         missing = [p for p in paths if not Path(p).is_file()]
         if not paths or missing:
             fail("cdlm-eval", f"--compare needs report files; not found: {missing or 'none given'}")
-        print(compare_markdown(paths))
+        print(report.compare_markdown(paths))
         return
     run("cdlm-eval", "eval", evaluate_checkpoint, validate)
 

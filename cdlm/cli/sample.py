@@ -14,7 +14,7 @@ from omegaconf import DictConfig, ListConfig
 
 from cdlm import config_dir
 from cdlm.canvas import FORMATS, save
-from cdlm.cli.common import resolve_device, run, validate_model_and_output
+from cdlm.cli.common import model_options, resolve_device, run, validate_model_and_output
 from cdlm.guidance import GUIDE_ON, Guidance
 from cdlm.io import atomic_write_text
 from cdlm.model_file import Model, load_model
@@ -119,9 +119,7 @@ def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
 
 def sample(cfg: DictConfig) -> None:
     """Reads the config into a plan, draws it at every scale, prints and writes the records."""
-    model = load_model(
-        cfg.ckpt, resolve_device(cfg.device), process=cfg.get("process"), embedding=cfg.embedding
-    )
+    model = load_model(cfg.ckpt, resolve_device(cfg.device), **model_options(cfg))
     chosen = instantiate(cfg.sampler) if cfg.get("sampler") else None
     choice = choose(model.process, model.config, cfg.steps, chosen)
     if choice.note:

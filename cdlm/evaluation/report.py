@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cdlm import hub, worlds
+
 QUALITY_ROWS = (
     ("gen_ppl", "gen. perplexity ({scorer})"),
     ("token_entropy_bits", "token entropy (bits)"),
@@ -153,3 +155,20 @@ def log_to_wandb(report: dict) -> None:
     run.summary.update(flat)
     run.log({"samples": wandb.Table(columns=["text"], data=[[t] for t in report["samples"]])})
     run.finish()
+
+
+def default_path(ckpt: str, metric: str, process: str | None = None) -> Path:
+    """Where a report goes without ``out=``: beside the model (``eval.json`` in a model folder,
+    ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder; for a
+    world's oracle of ``process`` (its ``_target_``), ``world-<name>-<process>.eval.json`` in
+    the current folder."""
+    name = "eval.json" if metric == "evaluate_checkpoint" else f"eval_{metric}.json"
+    if worlds.is_world(ckpt):
+        kind = str(process).rsplit(".", 1)[-1].removesuffix("Process").lower()
+        return Path(f"{ckpt.replace(':', '-')}-{kind}.{name}")
+    if hub.is_hub_id(ckpt):
+        return Path(f"{ckpt.replace('/', '--')}.{name}")
+    path = Path(ckpt)
+    if path.is_dir():
+        return path / name
+    return path.with_name(name if path.stem == "model" else f"{path.stem}.{name}")

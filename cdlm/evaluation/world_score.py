@@ -27,7 +27,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from cdlm import worlds
+from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.evaluation.quality import distinct_n, diversity
+from cdlm.model_file import Model
+from cdlm.rng import generator
 from cdlm.worlds import PREFIX, World, is_world, names
 
 LN2 = math.log(2)
@@ -199,3 +203,48 @@ def world_quality(
         )
         scored[side] = diversity(rows.tolist()) | scores
     return {"scorer": spec, "scorer_is_base": False, "world": world.describe(), **scored}
+
+
+WORLD_SEQUENCES = 256  # exact samples the bound is taken on when no count is given
+
+
+def world_of(model: Model, spec: str) -> worlds.World:
+    """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
+    the model's (a model judged by another world's ids would be scored as noise)."""
+    world = worlds.load(spec)
+    if model.tokenizer.get_vocab() != world.tokenizer.get_vocab():
+        raise ValueError(
+            f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "
+            "model was trained on (scorer=world: the one it records)"
+        )
+    return world
+
+
+def world_sections(
+    model: Model,
+    world: worlds.World,
+    spec: str,
+    samples,
+    seed: int,
+    sequences: int | None,
+    draws: int,
+) -> tuple[dict, dict]:
+    """``scorer=world``: the quality section (``world_score.world_quality``: the whole canvases
+    of the samples scored by the world ``spec``, beside exact samples), and the likelihood
+    section: the model's bound on ``sequences`` exact samples (the bundled corpus is not the
+    world's), its entropy rate, and the difference, the model's excess bits per token; beside
+    them the world's own NLL of those very sequences (bound minus it: the same excess without
+    the sampling noise of the set, a paired estimate)."""
+    length = model.config["seq_len"]
+    stream = generator(seed)  # one stream: floors, reference and bound sets all differ
+    tokens = canvas([s.token_ids for s in samples], length, world.tokenizer.eos_token_id)
+    quality = world_quality(world, spec, tokens, generator=stream)
+    exact = world.sample(sequences or WORLD_SEQUENCES, length, generator=stream)
+    bound = val_bits_per_token(model, exact, seed, draws=draws)
+    rate = entropy_rate_bits(world, length)
+    return quality, bound | {
+        "data": f"{len(exact)} exact {spec} samples",
+        "entropy_rate_bits": rate,
+        "exact_nll_bits": float(-world.log_prob(exact).mean()) / length / LN2,
+        "excess_bits": bound["bits_per_token"] - rate,
+    }

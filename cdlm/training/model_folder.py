@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from cdlm.evaluation.harness import val_bits_per_token
+from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.hub import write_companions
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode

@@ -1,0 +1,85 @@
+"""A world as a cdlm model: a process over the world's exact posterior (``OracleNetwork``), so
+that every sampler runs on the exact denoiser (``ckpt=world:<name> process=...``;
+docs/worlds.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from cdlm import worlds
+from cdlm.model import Model, ModelFileError, build, qualname
+from cdlm.processes.vocabulary import token_ids
+from cdlm.worlds.oracle import OracleNetwork
+
+GAUSSIAN = "cdlm.processes.gaussian.GaussianProcess"
+
+
+def world_model(
+    spec: str, process: Any, device: str | torch.device = "cpu", embedding: Model | None = None
+) -> Model:
+    """The world ``world:<name>`` (conf/world/) as a cdlm model of ``process``: ``oracle_model``."""
+    if process is None:
+        raise ModelFileError(
+            f"{spec} needs a process: process=masked|gaussian|autoregressive|block"
+        )
+    try:
+        world = worlds.load(spec)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from None
+    model = oracle_model(world, process, device, embedding)
+    model.config["world"] = model.config["network"]["world"] = spec
+    return model
+
+
+def oracle_model(
+    world: worlds.World,
+    process: Any,
+    device: str | torch.device = "cpu",
+    embedding: Model | None = None,
+) -> Model:
+    """``world`` as a cdlm model of ``process`` (a process config, e.g. conf/process/masked.yaml
+    composed) whose network is the world's exact posterior (``OracleNetwork``). A gaussian
+    oracle reads the posterior input unshifted (each token's own level, exactly) with no readout
+    skip or prediction pieces, over a fixed normalised embedding table (seed 0) or, with
+    ``embedding`` (a cdlm model), that model's own table."""
+    cfg = OmegaConf.to_container(process, resolve=True) if OmegaConf.is_config(process) else process
+    if cfg.get("_target_") == GAUSSIAN:
+        cfg = _oracle_gaussian(cfg, embedding)
+    elif embedding is not None:
+        raise ModelFileError("embedding= applies to a gaussian world model (process=gaussian)")
+    kwargs = token_ids(cfg, world.tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        built = build(Path(world.name), {"process": cfg | kwargs}, "process")
+    if embedding is not None:
+        built.embedding.load_state_dict(embedding.process.embedding.state_dict())
+    network = OracleNetwork(
+        world, **built.network_kwargs, shift=built.next_token_layout, mask_id=kwargs.get("mask_id")
+    )
+    config = {
+        "process": cfg | kwargs,
+        "network": {"_target_": qualname(network), "world": world.name},
+        "seq_len": world.length,
+        "labels": [],
+        "world": world.name,
+    }
+    return Model(built.to(device).eval(), network.to(device).eval(), world.tokenizer, config)
+
+
+def _oracle_gaussian(cfg: dict, embedding: Model | None) -> dict:
+    """A gaussian process config made exact for an oracle (see ``world_model``)."""
+    objective = cfg.get("objective") or {}
+    if "X0MSE" in str(objective.get("_target_", "")):
+        raise ModelFileError("a gaussian world model predicts logits: objective=ce")
+    cfg = cfg | {
+        "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput", "shift": False},
+        "objective": objective | {"readout_skip": False},
+        "prediction": [],
+    }
+    if embedding is not None:
+        cfg["embed_dim"] = embedding.config["process"]["embed_dim"]
+    return cfg
