@@ -44,7 +44,11 @@ class SequenceDataset(Dataset):
 class RankedData(L.LightningDataModule):
     """What a data module of fixed-length sequences does the same whatever its source: its
     rank, the end of a fit, and validation batches sharded whole across processes. Subclasses
-    set ``val_set``, ``batch_size``, ``num_workers``, ``order`` and ``stream``."""
+    set ``tokenizer``, ``val_set``, ``batch_size``, ``num_workers``, ``order`` and ``stream``."""
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
 
     def _rank(self) -> tuple[int, int]:
         """(global rank, world size) of this process: (0, 1) outside a distributed fit."""
@@ -136,10 +140,6 @@ class TextDataModule(RankedData):
     def use_tokenizer(self, tokenizer) -> None:
         """Tokenise with ``tokenizer`` (a model's own) instead of building one; before setup."""
         self.tokenizer = tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

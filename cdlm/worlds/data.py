@@ -152,10 +152,6 @@ class WorldData(RankedData):
         """Accept ``tokenizer`` (a teacher's) if it is the world's own; before setup."""
         self.given_tokenizer = tokenizer
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
