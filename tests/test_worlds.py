@@ -4,6 +4,7 @@ float64, and the oracle models sampled by cdlm's own samplers against the world.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -215,3 +216,39 @@ def test_two_tokens_per_step_break_agreement_at_the_closed_form_rate():
     assert abs(rate - 0.5) < 3 * math.sqrt(0.25 / n)
     apart = draw(model, "ancestral", 2, n, 2, block_length=1)
     assert world.violations(apart).sum() == 0
+
+
+@pytest.mark.parametrize(
+    "process, sampler",
+    [("masked", "confidence"), ("gaussian", "ddim"), ("autoregressive", "ar"), ("block", "block")],
+)
+def test_cdlm_sample_draws_from_a_worlds_exact_denoiser(process, sampler, tmp_path):
+    """``cdlm-sample ckpt=world:agreement process=... sampler=...``: records of the world's own
+    tokens; AR, one token at a time, never breaks an agreement."""
+    from conftest import run_main
+
+    out = tmp_path / "s.jsonl"
+    args = [f"process={process}", f"sampler={sampler}", "steps=16", "num_samples=4", "seq_len=32"]
+    result = run_main("cdlm-sample", "ckpt=world:agreement", *args, f"out={out}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    world = worlds.load("world:agreement")
+    ids = torch.tensor([json.loads(line)["token_ids"] for line in out.read_text().splitlines()])
+    assert ids.shape == (4, 32) and int(ids.min()) >= 3  # no special token
+    if process == "autoregressive":
+        assert not world.violations(ids).any()
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["ckpt=world:chars"], "ckpt=world:chars needs process="),
+        (["ckpt=world:nope", "process=masked"], "unknown world 'nope'"),
+        (["ckpt=model.safetensors", "process=masked"], "process= applies to ckpt=world:<name>"),
+    ],
+)
+def test_cdlm_sample_names_a_bad_world_request_in_one_line(args, fragment, tmp_path):
+    from conftest import run_main
+
+    result = run_main("cdlm-sample", *args, cwd=tmp_path)
+    lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
