@@ -150,8 +150,9 @@ class OracleNetwork(nn.Module):
         attn_mask: Tensor | None = None,
         **ignored,
     ) -> Tensor:
-        """As ``Transformer.forward``; returns (B, W, V) exact log-posteriors (NEVER where the
-        world puts no mass; an output past the last position is uniform over nothing: NEVER)."""
+        """As ``Transformer.forward``; returns (B, W, V) exact log-posteriors, NEVER where the
+        world puts no mass (an output one past the canvas, as a shifted layout has, predicts the
+        next position, which the process drops)."""
         if label is not None and bool((label >= 0).any()):
             raise ValueError("a world has no class labels")
         past = 0 if cache is None else cache.length
@@ -171,10 +172,10 @@ class OracleNetwork(nn.Module):
         key_pos, key_ev = keys
         where = key_pos - int(self.shift)  # the world position each input is evidence about
         size = int(max(where.max(), queries.max())) + 1
-        out = torch.full((batch, len(queries), self.world.vocab_size), NEVER, device=key_ev.device)
         if attn_mask is None and self.causal:  # query p sees the keys before position p
             answer = self.world.predictive(self._canvas(where, key_ev, size, None))
             return answer[:, queries]
+        out = torch.full((batch, len(queries), self.world.vocab_size), NEVER, device=key_ev.device)
         if attn_mask is None:
             attn_mask = torch.ones(len(queries), len(key_pos), dtype=torch.bool)
         rows, group = torch.unique(attn_mask.cpu(), dim=0, return_inverse=True)
