@@ -71,6 +71,12 @@ class Model:
 
 
 def save_model(path: str | Path, model: Model) -> None:
+    """Writes ``model`` as one pickle-free file; a world's oracle is refused (it is its world:
+    ``ckpt=world:<name>`` rebuilds it, and its network has no weights to store)."""
+    if model.config.get("world") and "world" in model.config.get("network", {}):
+        raise ModelFileError(
+            f"a world model is not saved: load it again with ckpt={model.config['world']}"
+        )
     path = Path(path)
     state = {f"process.{k}": v for k, v in model.process.state_dict().items()}
     state |= {f"network.{k}": v for k, v in model.network.state_dict().items()}

@@ -4,6 +4,7 @@ docs/worlds.md)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def oracle_model(
         cfg = _oracle_gaussian(cfg, embedding)
     elif embedding is not None:
         raise ModelFileError("embedding= applies to a gaussian world model (process=gaussian)")
-    kwargs = token_ids(cfg, world.tokenizer)
+    tokenizer = copy.deepcopy(world.tokenizer)  # FIM sentinels must not reach the cached world
+    kwargs = token_ids(cfg, tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         built = build(Path(world.name), {"process": cfg | kwargs}, "process")
@@ -62,12 +64,12 @@ def oracle_model(
     )
     config = {
         "process": cfg | kwargs,
-        "network": {"_target_": qualname(network), "world": world.name},
+        "network": {"_target_": qualname(network), "world": worlds.PREFIX + world.name},
         "seq_len": world.length,
         "labels": [],
-        "world": world.name,
+        "world": worlds.PREFIX + world.name,
     }
-    return Model(built.to(device).eval(), network.to(device).eval(), world.tokenizer, config)
+    return Model(built.to(device).eval(), network.to(device).eval(), tokenizer, config)
 
 
 def _oracle_gaussian(cfg: dict, embedding: Model | None) -> dict:

@@ -34,8 +34,8 @@ from cdlm.sampling.generate import generate
 
 WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
 END = "<!-- end measured -->"  # prose after it survives regeneration
-GROUPS = ("token", "gaussian")
-FLOOR_REPEATS = 8  # exact sample sets behind each floor  # each world's rows in two work units, the longest first
+GROUPS = ("token", "gaussian")  # each world's rows in two work units, the longest first
+FLOOR_REPEATS = 8  # exact sample sets behind each floor
 # label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout (the shifted
 # default cannot see a block's last token once it is revealed: docs/worlds.md)
 PROCESSES = {

@@ -252,3 +252,22 @@ def test_cdlm_sample_names_a_bad_world_request_in_one_line(args, fragment, tmp_p
     result = run_main("cdlm-sample", *args, cwd=tmp_path)
     lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
     assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_a_fim_oracle_leaves_the_cached_world_as_it_was_and_impossible_evidence_is_named():
+    """FIM sentinels go to the model's own tokenizer copy; jointly impossible hard evidence
+    (A ... B in one segment) raises instead of returning NaN."""
+    world = worlds.load("world:agreement")
+    before = len(world.tokenizer)
+    fim = process_cfg("autoregressive", "process.fim_rate=0.5")
+    with pytest.raises(ValueError, match="vocabulary"):  # its sentinels are not the world's
+        oracle_model(world, fim)
+    assert len(world.tokenizer) == before
+    oracle_model(world, process_cfg("masked"))  # still builds
+    small = Agreement(names=2, period=3, length=3)
+    evidence = torch.zeros(1, 3, small.vocab_size)
+    evidence[0, 0] = evidence[0, 2] = -math.inf
+    evidence[0, 0, small.tokenizer.convert_tokens_to_ids("A")] = 0.0
+    evidence[0, 2, small.tokenizer.convert_tokens_to_ids("B")] = 0.0
+    with pytest.raises(worlds.ImpossibleObservation, match="jointly impossible"):
+        small.posterior(evidence)

@@ -75,7 +75,8 @@ def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
     # sum_b |p - q| = sum over seen b of |p - q| + the mass q puts on the unseen successors
     seen_gap = torch.zeros(v, dtype=torch.float64).index_add_(0, a, (p - q).abs())
     seen_mass = torch.zeros(v, dtype=torch.float64).index_add_(0, a, q)
-    unseen = (reference.cpu().double()[seen].sum(-1) - seen_mass[seen]).clamp_min(0)
+    total = reference.cpu().double()[seen].sum(-1)  # 0 for a token the world never emits
+    unseen = torch.where(total > 0, total - seen_mass[seen], 1.0).clamp_min(0)
     tv = float((row_counts[seen] / m * 0.5 * (seen_gap[seen] + unseen)).sum())
     return TransitionRates(kl, tv)
 
@@ -172,9 +173,10 @@ def world_spec(scorer: str, config: dict) -> str | None:
             "scorer=world scores a model by the world it was trained on, and this model records "
             f"none; name one: scorer=world:<name> ({', '.join(names())})"
         )
-    if str(spec)[len(PREFIX) :] not in names():
+    name = str(spec)[len(PREFIX) :] if is_world(str(spec)) else str(spec)
+    if name not in names():
         raise ValueError(f"unknown world {spec!r}; valid: {', '.join(names())} (conf/world/)")
-    return str(spec)
+    return PREFIX + name
 
 
 def canvas(token_lists: list[list[int]], length: int, fill: int) -> Tensor:

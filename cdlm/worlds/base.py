@@ -115,7 +115,13 @@ class World:
                 torch.finfo(like.dtype).tiny
             )
         joint = alpha * beta
-        return self._tokens(joint / joint.sum(-1, keepdim=True), evidence.device)
+        total = joint.sum(-1, keepdim=True)
+        if (total == 0).any():
+            raise ImpossibleObservation(
+                f"world {self.name}: the evidence is jointly impossible (each position alone is "
+                "possible, together they are not)"
+            )
+        return self._tokens(joint / total, evidence.device)
 
     @torch.no_grad()
     def predictive(self, evidence: Tensor) -> Tensor:
@@ -205,8 +211,10 @@ class World:
         return out.index_add_(-1, self.emit, m)
 
     def total_correlation(self, length: int | None = None) -> float:
-        """sum_i H(x_i) - H(x) in nats: what any sampler that draws every position independently
-        from its marginal loses (its KL to the world, the factorisation floor)."""
+        """sum_i H(x_i) - H(x) in nats: KL(world || product of its marginals), the excess NLL
+        that a factorised model pays on exact samples (the factorisation floor). The other
+        direction, a factorised sampler's KL to the world, is infinite where the world rules
+        out combinations of possible tokens (the agreement world)."""
         return float(_entropy(self.token_marginals(length)).sum()) - self.entropy(length)
 
     def pair_table(self, length: int | None = None) -> Tensor:

@@ -74,7 +74,7 @@ def fit_transition(
     if (top_k is None or top_k >= size) and teleport == 0.0:
         return Transition(p)
     prob, index = p.topk(min(top_k or size, size), dim=-1)
-    unigram = counts.sum(0) + smoothing
+    unigram = counts.double().sum(0) + smoothing
     return Transition(
         index=index,
         prob=prob / prob.sum(-1, keepdim=True),

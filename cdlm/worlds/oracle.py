@@ -48,7 +48,12 @@ class OracleCache:
         return 1
 
     def __getitem__(self, i: int) -> OracleCache:
+        if i not in (0, -1):
+            raise IndexError(f"an oracle cache has one layer, not {i + 1}")
         return self
+
+    def __iter__(self) -> Iterator[OracleCache]:
+        return iter([self])
 
     def extend(self, positions: Tensor, evidence: Tensor) -> tuple[Tensor, Tensor]:
         """Cached keys followed by the chunk's; kept unless frozen."""
