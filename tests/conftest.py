@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -165,3 +166,45 @@ def draw_from(process, network, tokenizer, sampler, **plan):
     from cdlm.model_file import Model
 
     return draw(Model(process, network, tokenizer, {}), sampler=sampler, **plan)
+
+
+def train_in_process(monkeypatch, *args: str) -> None:
+    """``cdlm-train *args`` in this process (its exceptions propagate)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from cdlm.cli import train
+
+    monkeypatch.setattr(sys, "argv", ["cdlm-train", *args])
+    try:
+        train.main()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class Batches(L.Callback):
+    """Records every training batch's tokens by step (``+callbacks.batches._target_=
+    conftest.Batches``)."""
+
+    seen: dict[int, list] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        Batches.seen[trainer.global_step] = batch["tokens"].tolist()
+
+
+def resumed_batches(monkeypatch, run: list[str], tmp_path: Path) -> dict[int, list]:
+    """Trains ``run`` (which records ``Batches``, checkpoints every 3 steps) 5 steps whole, then
+    3 steps and a resume to 5; checks that the resume trains steps 3 and 4 on the uninterrupted
+    run's batches, and returns that run's batches by step."""
+    record = [*run, "+callbacks.batches._target_=conftest.Batches"]
+    Batches.seen = {}
+    train_in_process(
+        monkeypatch, *record, "trainer.max_steps=5", f"hydra.run.dir={tmp_path / 'whole'}"
+    )
+    reference, Batches.seen = Batches.seen, {}
+    cut = f"hydra.run.dir={tmp_path / 'cut'}"
+    train_in_process(monkeypatch, *record, "trainer.max_steps=3", cut)
+    assert sorted(Batches.seen) == [0, 1, 2]
+    Batches.seen = {}
+    train_in_process(monkeypatch, *record, "trainer.max_steps=5", "resume=auto", cut)
+    assert Batches.seen == {step: reference[step] for step in (3, 4)}
+    return reference

@@ -10,23 +10,19 @@ the expected sequences can be written down without the code under test.
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from itertools import islice
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
-from conftest import TINY_TRAIN
+from conftest import TINY_TRAIN, resumed_batches, train_in_process
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from cdlm import config_dir
-from cdlm.cli import train as train_cli
 from cdlm.data import TextDataModule
 from cdlm.data.streaming import PackedStream, StreamCorpus, StreamLoader, held_out
 
@@ -202,25 +198,19 @@ def test_a_folder_without_streamable_files_is_refused(tmp_path, tokenizer_dir):
         dm.setup()
 
 
-def cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["cdlm-train", *args])
-    try:
-        train_cli.main()
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def test_the_cli_refuses_a_missing_streaming_path_in_one_line(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nope"
     with pytest.raises(SystemExit) as exit_:
-        cli(monkeypatch, "data.streaming=true", f"data.path={missing}", f"hydra.run.dir={tmp_path}")
+        train_in_process(
+            monkeypatch, "data.streaming=true", f"data.path={missing}", f"hydra.run.dir={tmp_path}"
+        )
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("cdlm-train: error: data.path="), err
     assert "does not exist" in err and "Traceback" not in err
 
 
 def test_a_streamed_training_run_writes_a_model(corpus, tokenizer_dir, tmp_path, monkeypatch):
-    cli(
+    train_in_process(
         monkeypatch,
         *TINY_TRAIN,
         "data.streaming=true",
@@ -241,15 +231,6 @@ def test_a_streamed_training_run_writes_a_model(corpus, tokenizer_dir, tmp_path,
     assert config["labels"] == [] and config["seq_len"] == SEQ
 
 
-class Batches(L.Callback):
-    """Records every training batch's tokens by step (``+callbacks.batches._target_=...``)."""
-
-    seen: dict[int, list] = {}
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        Batches.seen[trainer.global_step] = batch["tokens"].tolist()
-
-
 @pytest.mark.slow  # three CLI trainings; run by .ci/run's slow pass
 def test_a_resumed_streamed_run_trains_on_the_uninterrupted_batches(
     corpus, tokenizer_dir, tmp_path, monkeypatch
@@ -268,19 +249,9 @@ def test_a_resumed_streamed_run_trains_on_the_uninterrupted_batches(
         "callbacks.samples.num_samples=0",
         "callbacks.model_folder.bound_sequences=0",
         "callbacks.checkpoint.every_n_train_steps=3",
-        "+callbacks.batches._target_=test_streaming.Batches",
         "+trainer.enable_progress_bar=false",
     ]
-    cli(monkeypatch, *run, "trainer.max_steps=5", f"hydra.run.dir={tmp_path / 'whole'}")
-    reference, Batches.seen = Batches.seen, {}
-    cli(monkeypatch, *run, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'cut'}")
-    assert sorted(Batches.seen) == [0, 1, 2]
-    Batches.seen = {}
-    cli(
-        monkeypatch, *run, "trainer.max_steps=5", "resume=auto", f"hydra.run.dir={tmp_path / 'cut'}"
-    )
-    assert sorted(Batches.seen) == [3, 4]
-    assert Batches.seen == {step: reference[step] for step in (3, 4)}
+    resumed_batches(monkeypatch, run, tmp_path)
 
 
 @pytest.mark.parametrize(

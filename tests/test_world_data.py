@@ -5,16 +5,12 @@ the world's tokenizer only, and a CLI training run whose model file names its wo
 from __future__ import annotations
 
 import copy
-import sys
 from itertools import islice
 
-import lightning as L
 import pytest
 import torch
-from conftest import TINY_TRAIN
-from hydra.core.global_hydra import GlobalHydra
+from conftest import TINY_TRAIN, resumed_batches, train_in_process
 
-from cdlm.cli import train as train_cli
 from cdlm.configs import compose
 from cdlm.data.order import ResumableSampler
 from cdlm.model_file import load_model
@@ -173,16 +169,8 @@ WORLD_TRAIN = [
 ]
 
 
-def cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["cdlm-train", *args])
-    try:
-        train_cli.main()
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def test_a_masked_run_on_a_world_records_it_in_the_model(tmp_path, monkeypatch):
-    cli(
+    train_in_process(
         monkeypatch,
         *WORLD_TRAIN,
         "callbacks.model_folder.bound_sequences=2",
@@ -192,15 +180,6 @@ def test_a_masked_run_on_a_world_records_it_in_the_model(tmp_path, monkeypatch):
     assert model.config["world"] == "world:chars" and model.config["labels"] == []
     assert model.config["network"]["num_classes"] == 0  # condition.labels=true: no labels to use
     assert model.tokenizer.get_vocab() == load("world:chars").tokenizer.get_vocab()
-
-
-class Batches(L.Callback):
-    """Records every training batch's tokens by step (``+callbacks.batches._target_=...``)."""
-
-    seen: dict[int, list] = {}
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        Batches.seen[trainer.global_step] = batch["tokens"].tolist()
 
 
 @pytest.mark.parametrize("train_size", ["null", "6"])
@@ -214,19 +193,8 @@ def test_a_resumed_run_trains_on_the_uninterrupted_batches(train_size, tmp_path,
         "callbacks.samples.num_samples=0",
         "callbacks.model_folder.bound_sequences=0",
         "callbacks.checkpoint.every_n_train_steps=3",
-        "+callbacks.batches._target_=test_world_data.Batches",
     ]
-    Batches.seen = {}
-    cli(monkeypatch, *run, "trainer.max_steps=5", f"hydra.run.dir={tmp_path / 'whole'}")
-    reference, Batches.seen = Batches.seen, {}
-    cli(monkeypatch, *run, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'cut'}")
-    assert sorted(Batches.seen) == [0, 1, 2]
-    Batches.seen = {}
-    cli(
-        monkeypatch, *run, "trainer.max_steps=5", "resume=auto", f"hydra.run.dir={tmp_path / 'cut'}"
-    )
-    assert sorted(Batches.seen) == [3, 4]
-    assert Batches.seen == {step: reference[step] for step in (3, 4)}
+    reference = resumed_batches(monkeypatch, run, tmp_path)
     rows = [tuple(row) for step in sorted(reference) for row in reference[step]]
     if train_size == "null":  # fresh: no sequence comes back
         assert len(set(rows)) == len(rows) == 10
@@ -238,7 +206,7 @@ def test_a_gaussian_world_model_takes_a_trained_models_embedding_table(tmp_path,
     """``ckpt=world:chars process=gaussian embedding=PATH``: the oracle diffuses over the
     trained model's own table (the world of that model's noise), not the fixed one."""
     run = [o for o in WORLD_TRAIN if o != "process=masked"] + ["process=gaussian"]
-    cli(monkeypatch, *run, "process.embed_dim=8", f"hydra.run.dir={tmp_path}")
+    train_in_process(monkeypatch, *run, "process.embed_dim=8", f"hydra.run.dir={tmp_path}")
     trained = load_model(tmp_path / "model.safetensors")
     process = compose("train", ["process=gaussian"]).process
     oracle = load_model("world:chars", process=process, embedding=str(tmp_path))
