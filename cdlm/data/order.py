@@ -130,3 +130,16 @@ class ResumableLoader(DataLoader):
         if left <= 0 or ((self.drop_last or sampler.num_replicas > 1) and left < whole):
             # saved after the epoch's last batch: the resumed run starts the next epoch
             sampler.epoch, sampler.taken = sampler.epoch + 1, 0
+
+
+def taken_of(current: dict[str, Any], saved: dict[str, Any], fix: str) -> int:
+    """The ``taken`` count of a checkpointed loader ``saved``, once its other keys match this
+    run's ``current`` state (the same data drawn or read the same way); else a ``ValueError``
+    naming both and ``fix``."""
+    mine = {k: v for k, v in current.items() if k != "taken"}
+    theirs = {k: saved.get(k) for k in mine}
+    if theirs != mine:
+        raise ValueError(
+            f"the checkpoint's data was made as {theirs}, this run makes it as {mine}: {fix}"
+        )
+    return saved["taken"]

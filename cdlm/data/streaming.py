@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from cdlm.data.corpus import clean_text
+from cdlm.data.order import taken_of
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
 COMPRESSION = (".gz", ".bz2", ".xz", ".zst")
@@ -225,14 +226,8 @@ class StreamLoader(DataLoader):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = {k: v for k, v in self.state_dict().items() if k != "taken"}
-        theirs = {k: state.get(k) for k in mine}
-        if theirs != mine:
-            raise ValueError(
-                f"the checkpoint's data stream was read as {theirs}, this run reads it as {mine} "
-                "(workers: data.num_workers): resume a streamed run with the same settings"
-            )
-        self.dataset.taken = state["taken"]
+        fix = "resume a streamed run with the same settings (workers: data.num_workers)"
+        self.dataset.taken = taken_of(self.state_dict(), state, fix)
 
 
 def held_out_sequences(corpus: StreamCorpus, tokenizer, seq_len: int, limit: int) -> torch.Tensor:

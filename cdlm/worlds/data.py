@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from cdlm.data.datamodule import RankedData, SequenceDataset
-from cdlm.data.order import ResumableLoader, ResumableSampler
+from cdlm.data.order import ResumableLoader, ResumableSampler, taken_of
 from cdlm.worlds import PREFIX, is_world, load, names
 from cdlm.worlds.base import NEVER, World
 
@@ -85,14 +85,9 @@ class FreshLoader(DataLoader):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = {k: v for k, v in self.state_dict().items() if k != "taken"}
-        theirs = {k: state.get(k) for k in mine}
-        if theirs != mine:
-            raise ValueError(
-                f"the checkpoint's world data was drawn as {theirs}, this run draws it as {mine}: "
-                "resume with the same data and seed"
-            )
-        self.dataset.taken = state["taken"]
+        self.dataset.taken = taken_of(
+            self.state_dict(), state, "resume with the same data and seed"
+        )
 
 
 def _specials(tokenizer) -> tuple[int, int, int]:
