@@ -14,37 +14,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cdlm.worlds.base import World
+from cdlm.worlds.chain import pair_counts
+from cdlm.worlds.transition import Transition
+
 
 def bigram_transition(tokens: Tensor, vocab_size: int, strength: float = 10.0) -> Tensor:
     """(V, V) P(b | a) from consecutive pairs in the rows of ``tokens`` (N, L), smoothed towards
     the add-one unigram: (c(a, b) + strength p(b)) / (c(a) + strength)."""
-    pairs = tokens[:, :-1].reshape(-1) * vocab_size + tokens[:, 1:].reshape(-1)
-    counts = torch.bincount(pairs, minlength=vocab_size**2).view(vocab_size, vocab_size)
+    counts = pair_counts(tokens, vocab_size).float()
     unigram = torch.bincount(tokens.reshape(-1), minlength=vocab_size).float() + 1.0
     unigram = unigram / unigram.sum()
-    counts = counts.float()
     return (counts + strength * unigram) / (counts.sum(1, keepdim=True) + strength)
 
 
 def markov_marginals(log_emission: Tensor, transition: Tensor, initial: Tensor) -> Tensor:
     """Posterior marginals (B, L, V) of a Markov chain with start distribution ``initial`` (V,)
     and ``transition`` (V, V) given per-position emission log-likelihoods (B, L, V) (-inf
-    allowed), by the scaled forward-backward algorithm in fp32 (each message renormalised)."""
-    emission = (log_emission - log_emission.amax(-1, keepdim=True)).exp().float()
-    transition = transition.float()
-    length = emission.shape[1]
-    forward = torch.empty_like(emission)
-    message = initial.float() * emission[:, 0]
-    forward[:, 0] = message / message.sum(-1, keepdim=True)
-    for i in range(1, length):
-        message = (forward[:, i - 1] @ transition) * emission[:, i]
-        forward[:, i] = message / message.sum(-1, keepdim=True)
-    posterior = torch.empty_like(emission)
-    backward = torch.ones_like(emission[:, 0])
-    posterior[:, -1] = forward[:, -1]
-    for i in range(length - 2, -1, -1):
-        backward = (emission[:, i + 1] * backward) @ transition.T
-        backward = backward / backward.sum(-1, keepdim=True)
-        joint = forward[:, i] * backward
-        posterior[:, i] = joint / joint.sum(-1, keepdim=True)
-    return posterior
+    allowed): the chain as a world (``cdlm.worlds``), whose scaled forward-backward runs on the
+    CPU in float32, every message renormalised."""
+    v, length = transition.shape[0], log_emission.shape[1]
+    chain = World("bigram", None, torch.arange(v), initial, [Transition(transition)], length, v)
+    return chain.posterior(log_emission).exp()

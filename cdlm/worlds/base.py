@@ -32,12 +32,14 @@ class World:
     Args:
         name: how reports call it.
         tokenizer: a transformers tokenizer whose ids the states emit (pad, eos and mask among
-            its special tokens; the world never emits them).
+            its special tokens; the world never emits them); None for a chain used only for
+            inference over ``vocab_size`` ids (``cdlm.evaluation.oracle``).
         emit: (S,) the token id of each state.
         initial: (S,) the distribution of the first state.
         steps: the transitions into positions 1, 2, ...: position i uses ``steps[i % P]``
             (P = len(steps)), so periodic structure costs P matrices.
         length: the world's sequence length (training data, the entropy rate it reports).
+        vocab_size: the ids evidence and posteriors range over; default the tokenizer's size.
     """
 
     def __init__(
@@ -48,12 +50,13 @@ class World:
         initial: Tensor,
         steps: list[Transition],
         length: int,
+        vocab_size: int | None = None,
     ) -> None:
         if length < 1:
             raise ValueError(f"a world's length must be >= 1, got {length}")
         self.name, self.tokenizer, self.length = name, tokenizer, length
         self.emit, self.initial, self.steps = emit.long(), initial.double(), steps
-        self.vocab_size = len(tokenizer)
+        self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
 
     def step(self, i: int) -> Transition:
         """The transition into position i >= 1."""

@@ -42,8 +42,9 @@ def letters(text: str) -> str:
 
 
 def pair_counts(ids: Tensor, size: int) -> Tensor:
-    """(size, size) float64 counts of consecutive pairs in the 1-D stream ``ids``."""
-    flat = ids[:-1] * size + ids[1:]
+    """(size, size) float64 counts of consecutive pairs in the stream ``ids`` (L,), or within
+    each row of ``ids`` (N, L)."""
+    flat = (ids[..., :-1] * size + ids[..., 1:]).reshape(-1)
     return torch.bincount(flat, minlength=size * size).view(size, size).double()
 
 
