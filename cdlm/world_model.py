@@ -31,9 +31,7 @@ def world_model(
         world = worlds.load(spec)
     except ValueError as e:
         raise ModelFileError(str(e)) from None
-    model = oracle_model(world, process, device, embedding)
-    model.config["world"] = model.config["network"]["world"] = spec
-    return model
+    return oracle_model(world, process, device, embedding)
 
 
 def oracle_model(

@@ -21,7 +21,6 @@ A model's bound on exact samples minus the entropy rate is its excess bits (``ha
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -79,13 +78,6 @@ def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
     unseen = torch.where(total > 0, total - seen_mass[seen], 1.0).clamp_min(0)
     tv = float((row_counts[seen] / m * 0.5 * (seen_gap[seen] + unseen)).sum())
     return TransitionRates(kl, tv)
-
-
-@lru_cache(maxsize=16)
-def entropy_rate_bits(world: World, length: int) -> float:
-    """``world.entropy_rate(length)`` in bits/token, computed once per world and length: a large
-    world's takes a minute (world:tokens, 8,189 states, about 70 s on 2 cores)."""
-    return world.entropy_rate(length) / LN2
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -147,7 +139,7 @@ def score_samples(
         "length": length,
         "nll_truth": nll_truth,
         "nll_truth_se": nll_se,
-        "entropy_rate": entropy_rate_bits(world, length),
+        "entropy_rate": world.entropy_rate(length) / LN2,
         "kl_rate": rates.kl / LN2,
         "kl_floor": kl_floor / LN2,
         "kl_floor_se": kl_floor_se / LN2,
@@ -214,7 +206,7 @@ def world_of(model: Model, spec: str) -> worlds.World:
     """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
     the model's (a model judged by another world's ids would be scored as noise)."""
     world = worlds.load(spec)
-    if model.tokenizer.get_vocab() != world.tokenizer.get_vocab():
+    if not world.speaks(model.tokenizer):
         raise ValueError(
             f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "
             "model was trained on (scorer=world: the one it records)"
@@ -243,7 +235,7 @@ def world_sections(
     quality = world_quality(world, spec, tokens, generator=stream)
     exact = world.sample(sequences or WORLD_SEQUENCES, length, generator=stream)
     bound = val_bits_per_token(model, exact, seed, draws=draws)
-    rate = entropy_rate_bits(world, length)
+    rate = world.entropy_rate(length) / LN2
     return quality, bound | {
         "data": f"{len(exact)} exact {spec} samples",
         "entropy_rate_bits": rate,

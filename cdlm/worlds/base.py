@@ -94,6 +94,15 @@ class World:
         onehot.scatter_(-1, tokens.cpu()[..., None], 0.0)
         return self._forward(onehot, strict=False, dtype=torch.float64)[2]
 
+    def speaks(self, tokenizer) -> bool:
+        """Whether ``tokenizer`` is this world's: the same vocabulary and special tokens (a model
+        trained on the world, or a copy of its tokenizer)."""
+        own = self.tokenizer
+        specials = ("pad_token_id", "eos_token_id", "mask_token_id")
+        return tokenizer.get_vocab() == own.get_vocab() and all(
+            getattr(tokenizer, k) == getattr(own, k) for k in specials
+        )
+
     def violations(self, tokens: Tensor) -> Tensor:
         """(B,) bool: the sequences the world gives probability 0."""
         return torch.isinf(self.log_prob(tokens))

@@ -90,10 +90,6 @@ class FreshLoader(DataLoader):
         )
 
 
-def _specials(tokenizer) -> tuple[int, int, int]:
-    return tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.mask_token_id
-
-
 class WorldData(RankedData):
     """Exact samples of a world (``cdlm.worlds``) as training and validation sequences.
 
@@ -169,8 +165,8 @@ class WorldData(RankedData):
         ValueError; None stays None."""
         if tokenizer is None:
             return None
-        own = self.source.tokenizer
-        if tokenizer.get_vocab() != own.get_vocab() or _specials(tokenizer) != _specials(own):
+        if not self.source.speaks(tokenizer):
+            own = self.source.tokenizer
             raise ValueError(
                 f"data.world={self.world} trains on the world's own tokenizer ({len(own)} "
                 f"tokens); the given one ({len(tokenizer)} tokens: a base model's or a teacher's "
