@@ -82,16 +82,58 @@ def mixing_passes(scale: float) -> int:
     return 1 if scale in (0.0, 1.0) else 2
 
 
+class NetworkDenoiser:
+    """Base of the denoisers that own a network: the calls of the denoiser contract beyond
+    ``__call__``, with the defaults of a plain network. Samplers ask for them through these
+    methods (and wrappers forward them), never by reaching for ``network``."""
+
+    network: nn.Module
+
+    def new_cache(self) -> Any:
+        """An empty KV cache of the network (``cdlm.networks.cache``)."""
+        return self.network.new_cache()
+
+    def network_length(self, length: int) -> int:
+        """Positions the network runs for a canvas of ``length`` (a shifted layout adds one)."""
+        return length
+
+    def known_prefix(self) -> Tensor | None:
+        """The leading tokens fixed in every row (B, P), which a cached sampler may prefill in
+        one call; None when nothing is held fixed."""
+        return None
+
+    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
+        """Next-token logits (B, L, V) of the clean ``tokens`` under causal attention, row i
+        predicting tokens[:, i]: for denoisers with a next-token layout (an AR phase)."""
+        raise ValueError(f"{type(self).__name__} has no next-token layout")
+
+
 class Wrapper:
-    """Base of denoiser wrappers that add behaviour to ``self.denoiser``: any other attribute
-    (e.g. the AR sampler's ``network`` and ``shift``) is the wrapped denoiser's."""
+    """Base of denoiser wrappers that add behaviour to ``self.denoiser``. They forward the
+    contract's calls (not its attributes): a wrapper that changes what a call means overrides
+    that call too."""
 
     denoiser: Denoiser
 
-    def __getattr__(self, name: str):
-        if name == "denoiser" or name.startswith("__"):  # not yet set (copy, pickle)
-            raise AttributeError(name)
-        return getattr(self.denoiser, name)
+    def new_cache(self) -> Any:
+        return self.denoiser.new_cache()
+
+    def network_length(self, length: int) -> int:
+        return self.denoiser.network_length(length)
+
+    def known_prefix(self) -> Tensor | None:
+        return self.denoiser.known_prefix()
+
+    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
+        return self.denoiser.next_token_logits(tokens, **kwargs)
+
+    def shift(self, tokens: Tensor) -> Tensor:
+        """The inputs of a next-token predictor for ``tokens`` (AR denoisers only)."""
+        return self.denoiser.shift(tokens)
+
+    def parameterize(self, out: Tensor, seen: Tensor, subs: bool = True) -> Prediction:
+        """A masked denoiser's readout of raw network outputs (no network call)."""
+        return self.denoiser.parameterize(out, seen, subs)
 
 
 class SelfConditioned(Wrapper):

@@ -34,6 +34,15 @@ class WithLabel(Wrapper):
     def __call__(self, x: Tensor, *args, **kwargs) -> Prediction:
         return self.denoiser(x, *args, label=self.label, **kwargs)
 
+    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
+        return self.denoiser.next_token_logits(tokens, label=self.label, **kwargs)
+
+    def streams(self, z: Tensor, clean: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+        """Block diffusion's two-stream training call, with the label (repeated when the batch
+        was stacked on itself, as complementary masking does)."""
+        label = self.label.repeat(z.shape[0] // self.label.shape[0])
+        return self.denoiser.streams(z, clean, label=label, **kwargs)
+
 
 def drop_labels(label: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
     """Replaces each label by ``NO_LABEL`` with probability p (condition dropout)."""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cdlm.denoiser import Prediction
+from cdlm.denoiser import NetworkDenoiser, Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, fim
 from cdlm.samplers.autoregressive import sample_ar
@@ -79,7 +79,7 @@ def test_fim_trains_on_formatted_rows_and_validates_on_plain_text():
         AutoregressiveProcess(V, BOS, fim_rate=1.5, fim_ids=IDS.as_list())
 
 
-class Reader:
+class Reader(NetworkDenoiser):
     """An AR denoiser that knows the document: after a PSM prompt it predicts the middle's
     next token, read off the prompt's prefix length; it records each gap's prompt (the input
     that ends with the middle sentinel)."""

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from cdlm.denoiser import Prediction
+from cdlm.denoiser import NetworkDenoiser, Prediction
 from cdlm.processes.base import Corrupted
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.samplers import check_compatible, uniform_grid
@@ -130,7 +130,7 @@ def test_gaussian_schedule_is_refused_for_masking():
         MaskedProcess(vocab_size=V, mask_id=MASK, schedule=CosineSchedule())
 
 
-class Oracle:
+class Oracle(NetworkDenoiser):
     """Knows the data: log-probability 0 on the true token (through SUBS carry-over too)."""
 
     def __init__(self, data):
@@ -142,7 +142,7 @@ class Oracle:
         return Prediction(logits=logp)
 
 
-class Random:
+class Random(NetworkDenoiser):
     """Arbitrary but deterministic beliefs, so samplers must make real choices."""
 
     def __call__(self, z, t, self_cond=None):

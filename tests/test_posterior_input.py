@@ -142,7 +142,8 @@ def test_posterior_input_refuses_what_it_cannot_do():
     ids = torch.randint(0, 10, (2, 6))
     proc = GaussianProcess(10, embed_dim=4, input=PosteriorInput()).train()
     assert proc.input.self_cond_prob == 0 and not proc.network_kwargs["self_condition"]
-    den, calls = proc.make_denoiser(small(proc)), []
+    net = small(proc)
+    den, calls = proc.make_denoiser(net), []
 
     def counting(x_t, t, self_cond=None):
         calls.append(self_cond)
@@ -167,7 +168,7 @@ def test_posterior_input_refuses_what_it_cannot_do():
     GaussianProcess(10, input=PosteriorInput(), token_noise=0.5)  # it tells each token's level
     # an AR phase needs the shifted layout: refused by the callback, and by the loss itself
     with pytest.raises(ValueError, match="AR phase needs the next-token layout"):
-        Phases(ar=0.3).setup(None, SimpleNamespace(process=proc, network=den.network), "fit")
+        Phases(ar=0.3).setup(None, SimpleNamespace(process=proc, network=net), "fit")
     proc.ar_phase = True
     with pytest.raises(ValueError, match="AR phase needs a shifted input"):
         proc.loss(den, {"tokens": ids})

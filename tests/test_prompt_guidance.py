@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import draw, run_main
 
-from cdlm.denoiser import Prediction
+from cdlm.denoiser import Prediction, Wrapper
 from cdlm.guidance import NO_LABEL, Guidance, Guided
 from cdlm.model_file import load_model
 from cdlm.regions import build_layout, prompt_template
@@ -71,7 +71,7 @@ def test_guidance_targets_and_errors():
     assert Guidance(scale=1.0, on="prompt").passes(prompted=True) == 1
 
 
-class Blind:
+class Blind(Wrapper):
     """A model that never sees the prompt, written apart from ``Guided``: masked prompt tokens,
     or pure noise at level 1."""
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 import cdlm.samplers
-from cdlm.denoiser import Prediction
+from cdlm.denoiser import NetworkDenoiser, Prediction, Wrapper
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.block import BlockDenoiser, BlockProcess
@@ -312,7 +312,7 @@ def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
     return ForcedNextToken(process.sampling_denoiser(network), data)
 
 
-class Seeing:
+class Seeing(NetworkDenoiser):
     """A masked or block-diffusion denoiser certain of ``data`` (B, L) only where what it sees
     agrees with it, so that a wrong KV-cache read changes the samples.
 
@@ -375,13 +375,12 @@ class KnowsData(BlockDenoiser):
         return out
 
 
-class ForcedNextToken:
-    """The AR oracle (see ``oracle``); passes ``network`` and ``shift`` on, which ``sample_ar``
-    reaches for through the denoiser."""
+class ForcedNextToken(Wrapper):
+    """The AR oracle (see ``oracle``); a wrapper, so the contract's other calls (``new_cache``,
+    ``shift``) reach the model."""
 
     def __init__(self, denoiser: Callable, data: Tensor) -> None:
         self.denoiser, self.data, self.calls = denoiser, data, 0
-        self.network, self.shift = denoiser.network, denoiser.shift
 
     def __call__(self, tokens: Tensor, t: Tensor | None = None, self_cond=None, **kw) -> Prediction:
         logits = self.denoiser(tokens, t, self_cond, **kw).logits.clone()

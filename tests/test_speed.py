@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cdlm.denoiser import Prediction
+from cdlm.denoiser import NetworkDenoiser, Prediction
 from cdlm.evaluation.guard_share import (
     EntropyGuard,
     GuardCounter,
@@ -83,7 +83,7 @@ def _top(p: float) -> list[float]:
     return [p, *[(1 - p) / 3] * 3]
 
 
-class Table:
+class Table(NetworkDenoiser):
     """A denoiser that predicts the same log-probabilities whatever the canvas."""
 
     def __init__(self, logp: torch.Tensor) -> None:

@@ -69,8 +69,7 @@ class Recorder:
         passes: int = 1,
         on_frame: Callable[[Frame, Trajectory], None] | None = None,
     ) -> None:
-        self.mask_id = getattr(process, "mask_id", None)
-        self.sequential = bool(getattr(process, "sequential", False))
+        self.mask_id, self.sequential = process.mask_id, process.sequential
         self.fixed = None if fixed is None else fixed.detach().bool().cpu()
         self.passes, self.on_frame = passes, on_frame
         self.trajectories: list[Trajectory] = []

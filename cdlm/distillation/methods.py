@@ -16,7 +16,8 @@ from cdlm.distillation.targets import (
     progressive_target,
     sdtt_target,
 )
-from cdlm.processes.base import LossOutput, masked_mean, valid_mask
+from cdlm.processes.base import LossOutput
+from cdlm.processes.losses import masked_mean, valid_mask
 
 
 def _grid_draw(n: int, steps: int, device, generator) -> tuple[Tensor, Tensor]:

@@ -99,7 +99,7 @@ class Distillation(L.LightningModule):
                 f"{method.name} distillation applies to {', '.join(method.process_kinds)} "
                 f"models; the teacher is {process.kind!r}"
             )
-        if getattr(getattr(process, "input", None), "self_cond_prob", 0.0) > 0:
+        if process.self_conditions:
             raise ValueError("distillation needs a teacher without self-conditioning")
         self.process, self.network, self.method = process, network, method
         self.process.requires_grad_(False)
@@ -131,7 +131,7 @@ class Distillation(L.LightningModule):
             "grid": "uniform",
             "sampler": self.method.sampler or self.process.default_sampler,
         }
-        if getattr(self.process, "block_size", None) is not None:
+        if self.process.block_size is not None:
             # blocks are denoised in turn, each in the student's steps (the block sampler would
             # otherwise share a run's steps out over the blocks)
             record["sampler_options"] = {"steps_per_block": self.steps}

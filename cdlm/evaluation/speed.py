@@ -122,7 +122,7 @@ def timed_run(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     final = generated_tokens(gen, plan)
-    rounds, first, stable = tracker.first_times(getattr(model.process, "canvas_id", None))
+    rounds, first, stable = tracker.first_times(model.process.canvas_id)
     return gen, RunStats(
         wall_seconds=gen.wall_seconds,
         nfe=gen.nfe,

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Prediction, Wrapper, full_precision
+from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, full_precision
 from cdlm.processes import fim
-from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess, valid_mask
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.losses import valid_mask
 
 
-class NextTokenPredictor:
+class NextTokenPredictor(NetworkDenoiser):
     """Causal logits for the next token: position i sees tokens < i (and the BOS at 0)."""
 
     def __init__(self, network: nn.Module, bos_id: int) -> None:
@@ -82,6 +83,28 @@ class AutoregressiveProcess(TokenProcess):
     @property
     def canvas_id(self) -> int:
         return self.bos_id
+
+    @torch.no_grad()
+    def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
+        """Through fill-in-the-middle: each row's hidden span (one, contiguous) is the middle of
+        a PSM prompt of the rest, scored token by token."""
+        if self.fim is None:
+            raise ValueError(
+                "scoring hidden tokens with an AR model needs one trained with fim_rate"
+            )
+        spans = [row.nonzero().flatten() for row in hidden]
+        if any(len(s) == 0 or int(s[-1] - s[0]) + 1 != len(s) for s in spans):
+            raise ValueError("an AR model scores one contiguous hidden span per row")
+        bounds = [(int(s[0]), int(s[-1]) + 1) for s in spans]
+        seq = torch.stack(
+            [
+                torch.cat([fim.prompt(row[:a], row[b:], self.fim, "psm"), row[a:b]])
+                for row, (a, b) in zip(ids, bounds, strict=True)
+            ]
+        )  # the middle is each row's last b - a tokens
+        logp = denoiser(denoiser.shift(seq)).logits.log_softmax(-1)
+        token = logp.gather(-1, seq[..., None]).squeeze(-1)
+        return torch.stack([token[w, -(b - a) :].mean() for w, (a, b) in enumerate(bounds)])
 
     def make_denoiser(self, network: nn.Module) -> NextTokenPredictor:
         return NextTokenPredictor(network, self.bos_id)

@@ -9,15 +9,13 @@ time sampler learns only through an explicit ``observe``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, full_precision
+from cdlm.denoiser import Denoiser
 
 
 @dataclass
@@ -71,11 +69,18 @@ class LevelEval:
 class Process(Protocol):
     """What gaussian, masked and autoregressive processes share.
 
-    Class attributes say what a process can do, so callers ask instead of testing its kind:
+    Attributes say what a process can do, so callers ask instead of testing its kind or
+    probing for attributes (``ProcessModule`` gives every one a default):
     ``kind`` (a name for reports and the sampler registry), ``default_sampler`` (a conf/sampler/
     name), ``loss_is_bound`` (its eval-mode loss is a bound on -log p, or exact),
     ``exact_likelihood``, ``noise_levels`` (``evaluate_at`` is defined), ``sequential`` (its
-    samplers call back once per token rather than once per step).
+    samplers call back once per token rather than once per step), ``continuous`` (it noises
+    embeddings rather than corrupting tokens), ``causal`` (its network reads left to right),
+    ``next_token_layout`` (its network can be trained as a next-token predictor),
+    ``self_conditions`` (its network reads its own previous estimate), ``mask_id`` (the
+    absorbing token of a corruption that masks, else None), ``canvas_id`` (the placeholder of
+    an undecided canvas position, else None), ``block_size`` (the training blocks of a block
+    layout, else None), ``fim`` (the sentinels of a fill-in-the-middle model, else None).
     """
 
     kind: str
@@ -84,8 +89,24 @@ class Process(Protocol):
     exact_likelihood: bool
     noise_levels: bool
     sequential: bool
+    continuous: bool
+    causal: bool
+    next_token_layout: bool
+    self_conditions: bool
+    mask_id: int | None
+    canvas_id: int | None
+    block_size: int | None
+    fim: Any
     vocab_size: int
     ar_phase: bool
+
+    def grid_schedule(self) -> nn.Module | None: ...
+
+    def time_warp(self) -> Any: ...
+
+    def set_progress(self, progress: float) -> None: ...
+
+    def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor: ...
 
     @property
     def network_kwargs(self) -> dict[str, Any]: ...
@@ -147,38 +168,6 @@ class Process(Protocol):
     ) -> LevelEval: ...
 
 
-def valid_mask(batch: dict[str, Tensor]) -> Tensor:
-    """(B, L) bool: the positions that count (PAD excluded when the data pads, as MDLM does)."""
-    tokens = batch["tokens"]
-    valid = batch.get("valid")
-    return torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
-
-
-def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
-    """Mean of ``values`` (B, L) over the ``valid`` positions."""
-    return (values * valid).sum() / valid.sum().clamp_min(1)
-
-
-def next_token_loss(logits: Tensor, tokens: Tensor, valid: Tensor) -> LossOutput:
-    """The AR phase of a shifted diffusion model: the next-token NLL of clean input, from
-    ``logits`` (B, L, V) whose row i predicts ``tokens[:, i]`` (the network's outputs 0..L-1 on
-    [BOS, x_0, ..., x_{L-1}] under causal attention)."""
-    nll = F.cross_entropy(
-        full_precision(logits).flatten(0, 1), tokens.flatten(), reduction="none"
-    ).view_as(tokens)
-    nats = masked_mean(nll, valid)
-    return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
-
-
-def shifted_network_logits(denoiser: Denoiser, tokens: Tensor, bos_id: int) -> Tensor:
-    """Outputs 0..L-1 of the network behind ``denoiser`` on clean [BOS, x_0, ..., x_{L-1}] (its
-    bound labels included): next-token logits under causal attention, (B, L, V)."""
-    bos = torch.full_like(tokens[:, :1], bos_id)
-    zeros = torch.zeros(tokens.shape[0], device=tokens.device)
-    label = getattr(denoiser, "label", None)  # bound by WithLabel in labelled runs
-    return denoiser.network(torch.cat([bos, tokens], 1), zeros, label=label)[:, :-1]
-
-
 @dataclass
 class Fixed:
     """A canvas's fixed regions for one batch: ``ids`` (B, L) and ``editable`` (B, L) flags
@@ -194,6 +183,37 @@ class ProcessModule(nn.Module):
     sampling denoiser is assembled."""
 
     ar_phase = False  # True while a Phases callback trains the network as next-token predictor
+    continuous = False
+    causal = False
+    next_token_layout = False
+    self_conditions = False
+    mask_id: int | None = None
+    canvas_id: int | None = None
+    block_size: int | None = None
+    fim: Any = None
+
+    def grid_schedule(self) -> nn.Module | None:
+        """The noise schedule a logSNR-spaced sampling grid reads, or None."""
+        return None
+
+    def time_warp(self) -> Any:
+        """The learned time warp's quantile function a warped grid reads, or None."""
+        return getattr(self._time_sampler(), "quantile", None)
+
+    def _time_sampler(self) -> Any:
+        """Where training draws its levels (``cdlm.time_samplers``), or None."""
+        return getattr(self, "time_sampler", None)
+
+    def set_progress(self, progress: float) -> None:
+        """Tells the time sampler the share of the training budget spent (its curriculum)."""
+        sampler = self._time_sampler()
+        if sampler is not None:
+            sampler.set_progress(progress)
+
+    def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
+        """(B,) the mean log-probability of each row's ``hidden`` tokens of ``ids`` (B, L) given
+        the rest of the row (task=correct's word scores)."""
+        raise ValueError(f"the {self.kind} process cannot score hidden tokens")
 
     def conditioned_denoiser(
         self,
@@ -220,7 +240,7 @@ class ProcessModule(nn.Module):
 
     def observe(self, out: LossOutput) -> None:
         """Hands a training loss's (levels, losses) to the time sampler, if it learns."""
-        sampler = getattr(self, "time_sampler", None)
+        sampler = self._time_sampler()
         if out.observation is not None and sampler is not None:
             sampler.observe(*out.observation)
 

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction
 from cdlm.networks.two_tower import stream_flags
-from cdlm.processes.base import LossOutput, next_token_loss, valid_mask
+from cdlm.processes.base import LossOutput
+from cdlm.processes.losses import next_token_loss, valid_mask
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.time_samplers import stratified_times
 

@@ -23,16 +23,8 @@ from cdlm.denoiser import (
     readout_evidence,
 )
 from cdlm.networks.embedding import NormalizedEmbedding
-from cdlm.processes.base import (
-    Corrupted,
-    LevelEval,
-    LossOutput,
-    ProcessModule,
-    masked_mean,
-    next_token_loss,
-    shifted_network_logits,
-    valid_mask,
-)
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, ProcessModule
+from cdlm.processes.losses import masked_mean, mean_hidden, next_token_loss, valid_mask
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import (
     EmbeddingDenoiser,
@@ -42,6 +34,8 @@ from cdlm.processes.parameterization import (
 )
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
+
+CLEAN_LEVEL = 0.05  # score_hidden: the noise level of the tokens around the hidden ones
 
 
 class GaussianProcess(ProcessModule):
@@ -69,6 +63,7 @@ class GaussianProcess(ProcessModule):
     """
 
     kind = "gaussian"
+    continuous = True
     loss_is_bound = False  # the CE objective is not a likelihood bound: see cdlm.likelihood
     exact_likelihood = False
     noise_levels = True
@@ -119,6 +114,22 @@ class GaussianProcess(ProcessModule):
             raise ValueError("process.importance_weight applies to objective=ce")
         self.prediction = check_pieces(list(prediction or []), self.objective)
         self.default_sampler = default_sampler
+
+    @property
+    def self_conditions(self) -> bool:
+        return self.input.self_cond_prob > 0
+
+    def grid_schedule(self) -> nn.Module:
+        return self.schedule
+
+    @torch.no_grad()
+    def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
+        """The hidden tokens at pure noise, the rest nearly clean (``CLEAN_LEVEL``), one seeded
+        draw."""
+        t = torch.where(hidden, 1.0, CLEAN_LEVEL).to(ids.device)
+        c = self.corrupt(ids, t, torch.Generator(ids.device).manual_seed(0))
+        logp = self.predict(denoiser, c.x_t, t, self.self_conditions).logits.log_softmax(-1)
+        return mean_hidden(logp, ids, hidden)
 
     @property
     def next_token_layout(self) -> bool:
@@ -246,8 +257,7 @@ class GaussianProcess(ProcessModule):
         if self.training and self.ar_phase:
             if not self.next_token_layout:
                 raise ValueError("an AR phase needs a shifted input (input=posterior shift=true)")
-            logits = shifted_network_logits(denoiser, tokens, self.eos_id)
-            return next_token_loss(logits, tokens, valid)
+            return next_token_loss(denoiser.next_token_logits(tokens), tokens, valid)
         n, length = tokens.shape
         t = self.sample_t(n, generator, device=tokens.device, length=length)
         c = self.corrupt(tokens, t, generator)
@@ -282,6 +292,6 @@ class GaussianProcess(ProcessModule):
         if not torch.is_tensor(t):
             t = torch.full((tokens.shape[0],), float(t), device=tokens.device)
         c = self.corrupt(tokens, t, generator)
-        pred = self.predict(denoiser, c.x_t, c.t, self.input.self_cond_prob > 0)
+        pred = self.predict(denoiser, c.x_t, c.t, self.self_conditions)
         evidence = readout_evidence(self.embedding, self.schedule, c.x_t, c.t)
         return LevelEval(pred.logits, tokens, c.noisy, evidence)

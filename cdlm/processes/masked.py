@@ -20,20 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, Prediction, full_precision
-from cdlm.processes.base import (
-    Corrupted,
-    LevelEval,
-    LossOutput,
-    TokenProcess,
-    next_token_loss,
-    valid_mask,
-)
+from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 
 
-class MaskedDenoiser:
+class MaskedDenoiser(NetworkDenoiser):
     """SUBS: log-probabilities with -inf on [MASK], and unmasked inputs copied through.
 
     With ``shift_from`` (a BOS id) the prediction for position i is read from the network's
@@ -162,6 +156,18 @@ class MaskedProcess(TokenProcess):
     def next_token_layout(self) -> bool:
         """Whether the network can be trained as a next-token predictor (an AR phase)."""
         return self.shift
+
+    def grid_schedule(self) -> nn.Module:
+        return self.schedule
+
+    @torch.no_grad()
+    def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
+        """The hidden tokens masked, read at t = 0.5 (a SUBS prediction ignores its level)."""
+        z = torch.where(hidden, self.mask_id, ids)
+        t = torch.full((ids.shape[0],), 0.5, device=ids.device)
+        return mean_hidden(
+            self.predict(denoiser, Corrupted(ids, ids, z, t, hidden)).logits, ids, hidden
+        )
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return MaskedDenoiser(network, self.mask_id, self.eos_id if self.shift else None)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction
-from cdlm.processes.base import Corrupted, masked_mean
+from cdlm.processes.base import Corrupted
+from cdlm.processes.losses import masked_mean
 from cdlm.processes.parameterization import (
     ExpectedEmbedding,
     NearestReadout,

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from cdlm.denoiser import (
     Denoiser,
+    NetworkDenoiser,
     Prediction,
     Wrapper,
     expected_embedding,
@@ -77,7 +78,7 @@ class PosteriorInput:
         return torch.cat([bos, soft], dim=1)
 
 
-class EmbeddingDenoiser:
+class EmbeddingDenoiser(NetworkDenoiser):
     """The network behind an input piece: (x_t, t) -> the raw output as a ``Prediction``
     (``logits`` for a logits objective, ``x0`` for an x0 objective; the objective's wrappers
     fill in the other). A plain callable, not a module: it owns no parameters, so wrapping never
@@ -112,6 +113,15 @@ class EmbeddingDenoiser:
         if self.output == "logits":
             return Prediction(logits=full_precision(out))
         return Prediction(logits=None, x0=out.to(x_t.dtype))
+
+    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
+        """The network on clean [BOS, x_0, ..., x_{L-1}] under causal attention (an AR phase of
+        a shifted input): outputs 0..L-1, row i predicting tokens[:, i]."""
+        if not self.input.shift:
+            return super().next_token_logits(tokens, **kwargs)
+        bos = torch.full_like(tokens[:, :1], self.input.bos_id)
+        zeros = torch.zeros(tokens.shape[0], device=tokens.device)
+        return self.network(torch.cat([bos, tokens], 1), zeros, **kwargs)[:, :-1]
 
 
 class ReadoutSkip(Wrapper):

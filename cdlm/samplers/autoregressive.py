@@ -43,6 +43,7 @@ def sample_ar(
     if isinstance(denoiser, FillInTheMiddle):
         return sample_middles(
             denoiser,
+            process.bos_id,
             generator=generator,
             callback=callback,
             temperature=temperature,
@@ -51,13 +52,12 @@ def sample_ar(
         )
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id
-    cache = denoiser.network.new_cache() if use_cache else None
+    cache = denoiser.new_cache() if use_cache else None
     step_input = torch.full((batch, 1), eos, dtype=torch.long, device=x.device)
     done = torch.zeros(batch, dtype=torch.bool, device=x.device)
     positions, pred, i, first = 0, None, -1, 0
-    known = getattr(denoiser, "known_prefix", None)
-    if use_cache and known is not None:  # prefill: the prompt but its last token in one call
-        prompt = known()
+    prompt = denoiser.known_prefix() if use_cache else None
+    if prompt is not None:  # prefill: the prompt but its last token in one call
         first = max(prompt.shape[1] - 1, 0)
         x[:, :first] = prompt[:, :first]
         step_input = torch.cat([step_input, x[:, :first]], 1)
@@ -86,6 +86,7 @@ def sample_ar(
 
 def sample_middles(
     denoiser: FillInTheMiddle,
+    bos_id: int,
     *,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
@@ -107,9 +108,9 @@ def sample_middles(
     for k, (a, b) in enumerate(gaps):
         stop = gaps[k + 1][0] if k + 1 < len(gaps) else length
         head = fim.prompt(x[:, :a], x[:, b:stop], denoiser.sentinels, mode)
-        bos = torch.full_like(head[:, :1], denoiser.bos_id)
+        bos = torch.full_like(head[:, :1], bos_id)
         context = torch.cat([bos, head], 1)
-        cache = denoiser.network.new_cache() if use_cache else None
+        cache = denoiser.new_cache() if use_cache else None
         step_input = context
         for i in range(a, b):
             pred = denoiser(step_input, cache=cache) if use_cache else denoiser(context)

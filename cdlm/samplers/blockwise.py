@@ -181,8 +181,8 @@ def cached_loop(
     With ``stop_at_eos`` it stops once every row has finished at the process's EOS (later masks
     become EOS); without, it fills the whole canvas."""
     length, mask_id, device = x.shape[1], process.mask_id, x.device
-    exact = getattr(process, "block_size", None) is not None
-    kv = None if cache is None else denoiser.network.new_cache()
+    exact = process.block_size is not None
+    kv = None if cache is None else denoiser.new_cache()
     calls = Calls(denoiser, kv, length, device)
     blocks = blocks_of(length, block_length)
     grid = block_grid(timesteps, len(blocks), steps_per_block)

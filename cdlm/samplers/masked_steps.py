@@ -170,7 +170,7 @@ def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> T
 def network_length(denoiser, length: int) -> int:
     """Positions a call over a ``length`` canvas runs in the network: one more for a shifted
     masked model's BOS (``MaskedDenoiser.network_length``), else ``length``."""
-    return getattr(denoiser, "network_length", lambda n: n)(length)
+    return denoiser.network_length(length)
 
 
 def blocks_of(length: int, block_length: int | None) -> list[tuple[int, int]]:

@@ -102,7 +102,7 @@ class SeparateVerifier:
     the block model's own causal pass (``experiments/speed.py``)."""
 
     def __init__(self, predictor) -> None:
-        self.predictor, self.kv = predictor, predictor.network.new_cache()
+        self.predictor, self.kv = predictor, predictor.new_cache()
 
     def __call__(self, tentative: Tensor, p: int, n: int) -> tuple[Tensor, int]:
         """(raw logits (B, n, V) for positions p..p+n-1 of ``tentative``, positions run)."""
@@ -148,7 +148,7 @@ def sample_speculative(
     separate = None if verifier is None else SeparateVerifier(verifier)
     check_verifiable(denoiser, process, separate is not None, temperature)
     x, length, k = x.clone(), x.shape[1], process.block_size
-    kv, mask_id = denoiser.network.new_cache(), process.mask_id
+    kv, mask_id = denoiser.new_cache(), process.mask_id
     p = start = prompt_length(x, mask_id)
     nfe = positions = drafts = kept = 0
     draft = draft_p = None

@@ -33,7 +33,7 @@ def generate(
     """
     process, network = model.process, model.network
     check_compatible(sampler, process.kind)
-    if plan.rounding == "nearest" and not hasattr(process, "embedding"):
+    if plan.rounding == "nearest" and not process.continuous:
         raise ValueError("rounding=nearest applies to gaussian (embedding) models only")
     guidance = plan.guidance
     prompt_guided = guidance.guides_prompt(plan.prompted)
@@ -45,8 +45,9 @@ def generate(
     device = next(network.parameters()).device
     generator = rng.generator(plan.seed, device)
     blanks = rng.generator(plan.seed + 1, device) if prompt_guided else None
-    warp = getattr(getattr(process, "time_sampler", None), "quantile", None)
-    timesteps = make_grid(plan.grid, plan.steps, getattr(process, "schedule", None), device, warp)
+    timesteps = make_grid(
+        plan.grid, plan.steps, process.grid_schedule(), device, process.time_warp()
+    )
     timesteps = timesteps * plan.strength
     passes = guidance.passes(plan.prompted)
     samples, out, start, stats = [], None, time.perf_counter(), []

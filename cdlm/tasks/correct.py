@@ -25,15 +25,12 @@ import torch
 
 from cdlm.evaluation.speed import RunStats, timed_run
 from cdlm.model_file import Model
-from cdlm.processes import fim
-from cdlm.processes.base import Corrupted
 from cdlm.sampling import Plan
 from cdlm.sampling.inputs import fill_id
 from cdlm.tasks.passages import Passage, lay_out, word_ids
 from cdlm.tasks.runs import CaseRuns, canvas
 
 RATES = (0.05, 0.15)
-CLEAN_LEVEL = 0.05  # gaussian scoring: the noise level of the words around the hidden one
 KINDS = ("random", "swap", "typo")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -121,41 +118,12 @@ def check(case: Case, ids: list[int]) -> Check:
 def word_scores(model: Model, ids: list[int], spans: list[tuple[int, int]]) -> torch.Tensor:
     """(W,) each word's tokens' mean log-probability with the word hidden, one batch row per
     word (W network evaluations of the canvas)."""
-    process, device = model.process, next(model.network.parameters()).device
+    device = next(model.network.parameters()).device
     x = torch.tensor(ids, device=device).expand(len(spans), -1).clone()
     hidden = torch.zeros_like(x, dtype=torch.bool)
     for w, (a, b) in enumerate(spans):
         hidden[w, a:b] = True
-    denoiser = model.denoiser
-    if getattr(process, "causal", False):
-        if process.fim is None:
-            raise ValueError("task=correct on an AR model needs one trained with process.fim_rate")
-        rows = [
-            torch.cat([fim.prompt(x[w, :a], x[w, b:], process.fim, "psm"), x[w, a:b]])
-            for w, (a, b) in enumerate(spans)
-        ]
-        seq = torch.stack(rows)  # the middle is each row's last b - a tokens
-        logp = denoiser(denoiser.shift(seq)).logits.log_softmax(-1)
-        token = logp.gather(-1, seq[..., None]).squeeze(-1)
-        n = x.shape[1]
-        scores = [token[w, n + 3 - (b - a) :].mean() for w, (a, b) in enumerate(spans)]
-        return torch.stack(scores)
-    if hasattr(process, "noised"):  # gaussian: the word at pure noise, the rest nearly clean
-        t = torch.where(hidden, 1.0, CLEAN_LEVEL).to(device)
-        c = process.corrupt(x, t, torch.Generator(device).manual_seed(0))
-        logp = process.predict(denoiser, c.x_t, t, process.input.self_cond_prob > 0).logits
-        token = logp.log_softmax(-1).gather(-1, x[..., None]).squeeze(-1)
-        return (token * hidden).sum(1) / hidden.sum(1)
-    if not hasattr(process, "mask_id"):
-        raise ValueError(
-            f"task=correct scores masked, block, gaussian and FIM-trained AR models, not "
-            f"{process.kind!r}"
-        )
-    z = torch.where(hidden, process.mask_id, x)
-    t = torch.full((len(spans),), 0.5, device=device)
-    logp = process.predict(denoiser, Corrupted(x, x, z, t, hidden)).logits
-    token = logp.gather(-1, x[..., None]).squeeze(-1)
-    return (token * hidden).sum(1) / hidden.sum(1)
+    return model.process.score_hidden(model.denoiser, x, hidden)
 
 
 def repair(
@@ -176,7 +144,7 @@ def repair(
     ids, spans = list(case.corrupted.ids), case.corrupted.spans
     fill = fill_id(model.tokenizer)
     nfe = positions = revised = 0
-    causal = getattr(model.process, "causal", False)
+    causal = model.process.causal
     width = len(ids) + (3 if causal else 0)  # a scored row's positions (AR: FIM sentinels, BOS)
     start = time.perf_counter()
     for r in range(rounds):

@@ -25,7 +25,7 @@ OWN_SCORING = ("correct", "plan")  # judged on tokens or by a checker alone: no 
 def process_label(model: Model) -> str:
     """The process's kind, marked ``+fim`` for an AR model trained to fill in the middle."""
     kind = model.process.kind
-    return f"{kind}+fim" if getattr(model.process, "fim", None) is not None else kind
+    return f"{kind}+fim" if model.process.fim is not None else kind
 
 
 def report(

@@ -66,7 +66,7 @@ class Phases(L.Callback):
                 f"phases need a cdlm Transformer (attention annealing); got "
                 f"{type(pl_module.network).__name__}"
             )
-        if self.ar and not getattr(pl_module.process, "next_token_layout", False):
+        if self.ar and not pl_module.process.next_token_layout:
             raise ValueError(
                 "an AR phase needs the next-token layout: process.shift=true (masked) or "
                 "input@process.input=posterior process.input.shift=true (gaussian); or phases.ar=0"
@@ -78,11 +78,9 @@ class Phases(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         progress = budget_progress(trainer)
-        sampler = getattr(pl_module.process, "time_sampler", None)
         if progress is None:
             return
-        if sampler is not None:
-            sampler.set_progress(progress)
+        pl_module.process.set_progress(progress)
         if not (self.ar or self.anneal):
             return  # nothing else to set: no host work on the common path
         pl_module.process.ar_phase = progress < self.ar

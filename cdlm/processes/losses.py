@@ -1,0 +1,42 @@
+"""The token-level loss pieces the processes share: which positions count, their mean, the
+next-token loss of an AR phase, and the mean score of hidden tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from cdlm.denoiser import full_precision
+from cdlm.processes.base import LossOutput
+
+
+def valid_mask(batch: dict[str, Tensor]) -> Tensor:
+    """(B, L) bool: the positions that count (PAD excluded when the data pads, as MDLM does)."""
+    tokens = batch["tokens"]
+    valid = batch.get("valid")
+    return torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+
+
+def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values`` (B, L) over the ``valid`` positions."""
+    return (values * valid).sum() / valid.sum().clamp_min(1)
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor, valid: Tensor) -> LossOutput:
+    """The AR phase of a shifted diffusion model: the next-token NLL of clean input, from
+    ``logits`` (B, L, V) whose row i predicts ``tokens[:, i]`` (the network's outputs 0..L-1 on
+    [BOS, x_0, ..., x_{L-1}] under causal attention)."""
+    nll = F.cross_entropy(
+        full_precision(logits).flatten(0, 1), tokens.flatten(), reduction="none"
+    ).view_as(tokens)
+    nats = masked_mean(nll, valid)
+    return LossOutput(nats, {"ar_bits_per_token": nats.detach() / math.log(2)})
+
+
+def mean_hidden(logp: Tensor, ids: Tensor, hidden: Tensor) -> Tensor:
+    """(B,) the mean over each row's ``hidden`` positions of log p(ids) from ``logp`` (B, L, V)."""
+    token = logp.gather(-1, ids[..., None]).squeeze(-1)
+    return (token * hidden).sum(1) / hidden.sum(1)
