@@ -1,7 +1,8 @@
 """The distillation LightningModule, beside ``DiffusionLM`` (not a subclass): a frozen teacher, a
 student that starts from the teacher's weights, a ``method`` (``cdlm.distillation.methods``) and
-rounds that halve the student's step count, each a share of the budget (advanced by the callbacks
-of ``cdlm.distillation.callbacks``, which the module contributes itself).
+rounds that halve the student's step count, each a share of the budget (a
+``cdlm.distillation.rounds.RoundPlan``, advanced by the callbacks of
+``cdlm.distillation.callbacks``, which the module contributes itself).
 
 The teacher and the consistency EMA target are kept out of the module's children, so the
 optimizer, the EMA callback and the exported model see the student alone; they are saved in
@@ -18,9 +19,9 @@ import torch
 from torch import nn
 
 from cdlm.distillation.callbacks import EvaluateRounds, KeepRoundStudents, Rounds
+from cdlm.distillation.rounds import RoundPlan, end_round
 from cdlm.distillation.targets import halvings
 from cdlm.training.ema import averaged_copy
-from cdlm.training.lr_schedules import warmup_cosine_factor
 from cdlm.training.module import ValidationMeans, validation_generator
 from cdlm.training.optim import (
     OptimizerFactory,
@@ -86,14 +87,6 @@ class Distillation(L.LightningModule):
         round_min_lr: float = 0.1,
     ) -> None:
         super().__init__()
-        if teacher_each_round not in ("previous", "original"):
-            raise ValueError(
-                f"teacher_each_round must be previous or original, got {teacher_each_round!r}"
-            )
-        if not 0.0 <= round_warmup < 1.0:
-            raise ValueError(f"round_warmup is a share of a round in [0, 1), got {round_warmup}")
-        self.teacher_each_round, self.per_round = teacher_each_round, per_round
-        self.round_warmup, self.round_min_lr = round_warmup, round_min_lr
         if process.kind not in method.process_kinds:
             raise ValueError(
                 f"{method.name} distillation applies to {', '.join(method.process_kinds)} "
@@ -106,8 +99,13 @@ class Distillation(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.label_dropout = check_label_dropout(label_dropout)
         self.round_eval, self.round_dir = round_eval, round_dir
-        self.counts = halvings(start_steps, end_steps) if method.halves else [end_steps]
-        self.round = 0
+        self.rounds = RoundPlan(
+            halvings(start_steps, end_steps) if method.halves else [end_steps],
+            teacher_each_round,
+            per_round,
+            round_warmup,
+            round_min_lr,
+        )
         teacher = teacher.eval().requires_grad_(False)
         # Plain attributes through object.__setattr__: not children of this module.
         object.__setattr__(self, "teacher", teacher)
@@ -117,9 +115,32 @@ class Distillation(L.LightningModule):
         self.val_means = ValidationMeans()
 
     @property
+    def counts(self) -> list[int]:
+        """The student's step count in each round."""
+        return self.rounds.counts
+
+    @property
+    def round(self) -> int:
+        """The round in progress, 0-based."""
+        return self.rounds.current
+
+    @round.setter
+    def round(self, index: int) -> None:
+        self.rounds.current = index
+
+    @property
     def steps(self) -> int:
         """The student's step count in the current round."""
-        return self.counts[self.round]
+        return self.rounds.steps
+
+    def start_round(self, index: int) -> None:
+        """Ends the current round and starts round ``index`` (``RoundPlan.advance``: the student
+        handed on, the teacher chosen, EMA and optimizer restarted as configured)."""
+        self.rounds.advance(self.trainer, self, self.teacher, self.network, index)
+
+    def end_round(self) -> None:
+        """Lets every ``RoundEnd`` callback act on the current round's student."""
+        end_round(self.trainer, self)
 
     @property
     def model_config(self) -> dict:
@@ -199,14 +220,17 @@ class Distillation(L.LightningModule):
             self.ema_target.load_state_dict(saved["ema_target"])
 
     def round_lr_factor(self, step: int = 0) -> float:
-        """The per-round LR factor: warmup then cosine over the current round's budget share."""
-        progress = budget_progress(self._trainer) if self._trainer is not None else 0.0
-        within = min(1.0, max(0.0, (progress or 0.0) * len(self.counts) - self.round))
-        return warmup_cosine_factor(within, self.round_warmup, self.round_min_lr)
+        """The per-round LR factor at the trainer's progress (``RoundPlan.lr_factor``); off a
+        trainer, the factor at the start."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # Lightning's public way to say the module is not attached
+            return self.rounds.lr_factor(0.0)
+        return self.rounds.lr_factor(budget_progress(trainer) or 0.0)
 
     def configure_optimizers(self):
         scheduler = self.scheduler_factory
-        if self.per_round:
+        if self.rounds.per_round:
 
             def scheduler(optimizer):
                 return torch.optim.lr_scheduler.LambdaLR(optimizer, self.round_lr_factor)
