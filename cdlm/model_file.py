@@ -3,8 +3,9 @@
 A cdlm checkpoint is one ``.safetensors`` file (``cdlm.model.save_model``): the weights of the
 process (embeddings) and the network, plus metadata holding the JSON configs that rebuild them
 and the tokenizer JSON. Loading never unpickles anything, and only ``cdlm.*`` / ``torch.*``
-classes may be instantiated from the stored configs. Every loader here takes the file, a
-model folder or a Hub id; ``load_model`` also takes a pretrained causal LM and a world.
+classes may be instantiated from the stored configs; a class that has moved is found under its
+old name too (``MOVED``). Every loader here takes the file, a model folder or a Hub id;
+``load_model`` also takes a pretrained causal LM and a world.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ ALLOWED_TARGETS = ("cdlm.", "torch.")
 __all__ = ["FORMAT", "Model", "ModelFileError", "load_model", "oracle_model", "save_model"]
 
 
+# Classes that moved since files were written, by the name those files record: the split of
+# cdlm.processes.parameterization (issue 42). A file's config is read with today's names.
+MOVED = {
+    "cdlm.processes.parameterization.VectorInput": "cdlm.processes.inputs.VectorInput",
+    "cdlm.processes.parameterization.PosteriorInput": "cdlm.processes.inputs.PosteriorInput",
+}
+
+
 def _check_targets(node: Any) -> None:
     if isinstance(node, dict):
         target = node.get("_target_")
@@ -37,6 +46,19 @@ def _check_targets(node: Any) -> None:
             raise ModelFileError(f"checkpoint names a disallowed class {target!r}")
         for v in node.values():
             _check_targets(v)
+
+
+def current_names(node: Any) -> Any:
+    """A stored config with each moved class's old ``_target_`` replaced by its new one, so
+    that an older file still builds and the model it gives (a teacher, say) records today's."""
+    if isinstance(node, dict):
+        return {
+            k: MOVED.get(v, v) if k == "_target_" and isinstance(v, str) else current_names(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [current_names(v) for v in node]
+    return node
 
 
 # A torch.save file (a Lightning .ckpt among them) is a zip archive, or in the legacy format a
@@ -156,6 +178,7 @@ def load_model(
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
+    config = current_names(config)
     process, network = (build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

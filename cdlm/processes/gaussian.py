@@ -33,13 +33,10 @@ from cdlm.processes.base import (
     shifted_network_logits,
     valid_mask,
 )
+from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import (
-    EmbeddingDenoiser,
-    PosteriorInput,
-    VectorInput,
-    check_pieces,
-)
+from cdlm.processes.parameterization import check_pieces
+from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 
