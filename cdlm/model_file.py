@@ -39,7 +39,10 @@ MOVED = {
 
 
 def _check_targets(node: Any) -> None:
-    if isinstance(node, dict):
+    if isinstance(node, list):  # hydra instantiates list items too (process.prediction)
+        for v in node:
+            _check_targets(v)
+    elif isinstance(node, dict):
         target = node.get("_target_")
         if target is not None and not str(target).startswith(ALLOWED_TARGETS):
             raise ModelFileError(f"checkpoint names a disallowed class {target!r}")

@@ -91,12 +91,17 @@ def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-    config = json.loads(meta["config"])
-    config["network"]["_target_"] = "os.system"
-    meta["config"] = json.dumps(config)
-    save_file(load_file(str(path)), str(path), metadata=meta)
-    with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
-        load_model(path)
+    tensors = load_file(str(path))
+    good = json.loads(meta["config"])
+    network = good | {"network": good["network"] | {"_target_": "os.system"}}
+    # hydra instantiates list items too (process.prediction is a list of pieces)
+    evil = [{"_target_": "os.system", "command": "true"}]
+    listed = good | {"process": good["process"] | {"prediction": evil}}
+    for config in (network, listed):
+        meta["config"] = json.dumps(config)
+        save_file(tensors, str(path), metadata=meta)
+        with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
+            load_model(path)
 
 
 @pytest.mark.parametrize(
