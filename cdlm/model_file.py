@@ -3,8 +3,10 @@
 A cdlm checkpoint is one ``.safetensors`` file (``cdlm.model.save_model``): the weights of the
 process (embeddings) and the network, plus metadata holding the JSON configs that rebuild them
 and the tokenizer JSON. Loading never unpickles anything, and only ``cdlm.*`` / ``torch.*``
-classes may be instantiated from the stored configs. Every loader here takes the file, a
-model folder or a Hub id; ``load_model`` also takes a pretrained causal LM and a world.
+classes may be instantiated from the stored configs; a class that has moved is found under its
+old name too (``MOVED``). Every loader here takes the file, a model folder or a Hub id;
+``load_model`` also dispatches a pretrained causal LM (``cdlm.pretrained.base_model``) and a
+world (``cdlm.world_model``), which build their models themselves.
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ from safetensors.torch import load_file, safe_open
 from torch import nn
 
 from cdlm import hub, pretrained, worlds
-from cdlm.data.tokenizer import for_base, wrap
-from cdlm.model import FORMAT, Model, ModelFileError, build, qualname, save_model
-from cdlm.networks.causal_lm import CausalLM, base_config, grow_vocabulary
-from cdlm.processes.autoregressive import AutoregressiveProcess
+from cdlm.data.tokenizer import wrap
+from cdlm.model import FORMAT, Model, ModelFileError, build, save_model
 from cdlm.world_model import oracle_model, world_model
 
 ALLOWED_TARGETS = ("cdlm.", "torch.")
@@ -30,13 +30,37 @@ ALLOWED_TARGETS = ("cdlm.", "torch.")
 __all__ = ["FORMAT", "Model", "ModelFileError", "load_model", "oracle_model", "save_model"]
 
 
+# Classes that moved since files were written, by the name those files record: the split of
+# cdlm.processes.parameterization (issue 42). A file's config is read with today's names.
+MOVED = {
+    "cdlm.processes.parameterization.VectorInput": "cdlm.processes.inputs.VectorInput",
+    "cdlm.processes.parameterization.PosteriorInput": "cdlm.processes.inputs.PosteriorInput",
+}
+
+
 def _check_targets(node: Any) -> None:
-    if isinstance(node, dict):
+    if isinstance(node, list):  # hydra instantiates list items too (process.prediction)
+        for v in node:
+            _check_targets(v)
+    elif isinstance(node, dict):
         target = node.get("_target_")
         if target is not None and not str(target).startswith(ALLOWED_TARGETS):
             raise ModelFileError(f"checkpoint names a disallowed class {target!r}")
         for v in node.values():
             _check_targets(v)
+
+
+def current_names(node: Any) -> Any:
+    """A stored config with each moved class's old ``_target_`` replaced by its new one, so
+    that an older file still builds and the model it gives (a teacher, say) records today's."""
+    if isinstance(node, dict):
+        return {
+            k: MOVED.get(v, v) if k == "_target_" and isinstance(v, str) else current_names(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [current_names(v) for v in node]
+    return node
 
 
 # A torch.save file (a Lightning .ckpt among them) is a zip archive, or in the legacy format a
@@ -144,7 +168,7 @@ def load_model(
             f"process= and embedding= apply to world:<name> models; {path} carries its own"
         )
     if pretrained.is_base(str(path)):
-        return base_model(str(path), device)
+        return pretrained.base_model(str(path), device)
     path, facts = _local(path, revision)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -156,6 +180,7 @@ def load_model(
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
+    config = current_names(config)
     process, network = (build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
@@ -165,43 +190,6 @@ def load_model(
             raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
     tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
-
-
-def prepared_base(spec: str, mask: bool, device: str | torch.device = "cpu"):
-    """(base, model, tokenizer) of a pretrained causal LM made ready for a process: its
-    tokenizer with a [MASK] token when ``mask`` (``for_base``), its embeddings grown to match
-    (``grow_vocabulary``)."""
-    base = pretrained.resolve(spec)
-    lm, tokenizer = pretrained.load(base, device)
-    tokenizer = for_base(tokenizer, mask)
-    grow_vocabulary(lm, len(tokenizer))
-    return base, lm, tokenizer
-
-
-def base_model(spec: str, device: str | torch.device = "cpu", seq_len: int = 128) -> Model:
-    """A pretrained causal LM as cdlm's AR model, untrained: the base itself, KV-cached by the AR
-    sampler, so that speed and quality comparisons against it are like for like
-    (``cdlm-eval ckpt=smollm2``). ``seq_len``: the canvas length samplers draw by default."""
-    base, lm, tokenizer = prepared_base(spec, mask=False, device=device)
-    process = AutoregressiveProcess(len(tokenizer), tokenizer.eos_token_id)
-    kwargs = process.network_kwargs | {
-        "base": base_config(lm),
-        "max_seq_len": lm.config.max_position_embeddings,
-    }
-    network = CausalLM(**kwargs)
-    network.load_base(lm)
-    config = {
-        "process": {
-            "_target_": qualname(process),
-            "vocab_size": len(tokenizer),
-            "bos_id": tokenizer.eos_token_id,
-        },
-        "network": {"_target_": qualname(network)} | kwargs,
-        "seq_len": seq_len,
-        "labels": [],
-        "base": base.record() | {"weights": "base"},
-    }
-    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
 
 
 def from_pretrained(

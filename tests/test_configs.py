@@ -14,8 +14,8 @@ from cdlm.distillation.report import RoundEval
 from cdlm.distillation.targets import halvings
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
+from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import PosteriorInput, VectorInput
 from cdlm.processes.vocabulary import token_ids
 from cdlm.training.module import DiffusionLM
 from cdlm.training.phases import Phases

@@ -17,13 +17,9 @@ from cdlm.likelihood.elbo import elbo
 from cdlm.model_file import Model, load_model, save_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.inputs import PosteriorInput
 from cdlm.processes.objectives import CrossEntropy
-from cdlm.processes.parameterization import (
-    PosteriorInput,
-    PreconditionSkip,
-    XPrediction,
-    skip_coefficients,
-)
+from cdlm.processes.parameterization import PreconditionSkip, XPrediction, skip_coefficients
 from cdlm.samplers.sde import sample_consistency
 from cdlm.schedules import CosineSchedule
 from cdlm.time_samplers import LogitNormal, LogSNRGumbel, Warped
@@ -236,7 +232,7 @@ def test_x0_pieces_round_trip_through_a_model_file(tmp_path, base):
             "_target_": "cdlm.processes.gaussian.GaussianProcess",
             "vocab_size": len(tok),
             "embed_dim": 8,
-            "input": {"_target_": f"{pieces}.PosteriorInput"},
+            "input": {"_target_": "cdlm.processes.inputs.PosteriorInput"},
             "prediction": [
                 {"_target_": f"{pieces}.XPrediction", "weight": 0.5},
                 {"_target_": f"{pieces}.PreconditionSkip", "base": base},

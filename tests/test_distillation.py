@@ -24,8 +24,8 @@ from cdlm.distillation.targets import (
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.base import Corrupted
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.inputs import PosteriorInput
 from cdlm.processes.masked import MaskedProcess
-from cdlm.processes.parameterization import PosteriorInput
 
 D, MU, VAR = (
     3,
@@ -424,7 +424,7 @@ def test_two_rounds_hand_the_student_to_the_teacher_and_halve_the_steps(
             "_target_": "cdlm.processes.gaussian.GaussianProcess",
             "vocab_size": data.vocab_size,
             "embed_dim": 4,
-            "input": {"_target_": "cdlm.processes.parameterization.PosteriorInput"},
+            "input": {"_target_": "cdlm.processes.inputs.PosteriorInput"},
         }
     else:
         process, teacher = tiny_masked_teacher(data.vocab_size, data.tokenizer.mask_token_id)

@@ -1,3 +1,4 @@
+import importlib
 import json
 
 import pytest
@@ -6,9 +7,10 @@ from safetensors.torch import save_file
 
 from cdlm.data.corpus import Document
 from cdlm.data.tokenizer import train_bpe, wrap
-from cdlm.model_file import Model, ModelFileError, load_model, save_model
+from cdlm.model_file import MOVED, Model, ModelFileError, load_model, save_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.inputs import PosteriorInput
 from cdlm.schedules import SqrtSchedule
 
 
@@ -89,12 +91,17 @@ def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-    config = json.loads(meta["config"])
-    config["network"]["_target_"] = "os.system"
-    meta["config"] = json.dumps(config)
-    save_file(load_file(str(path)), str(path), metadata=meta)
-    with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
-        load_model(path)
+    tensors = load_file(str(path))
+    good = json.loads(meta["config"])
+    network = good | {"network": good["network"] | {"_target_": "os.system"}}
+    # hydra instantiates list items too (process.prediction is a list of pieces)
+    evil = [{"_target_": "os.system", "command": "true"}]
+    listed = good | {"process": good["process"] | {"prediction": evil}}
+    for config in (network, listed):
+        meta["config"] = json.dumps(config)
+        save_file(tensors, str(path), metadata=meta)
+        with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
+            load_model(path)
 
 
 @pytest.mark.parametrize(
@@ -123,3 +130,40 @@ def test_a_config_this_version_cannot_build_is_named_in_one_line(
     message = str(error.value)
     assert "\n" not in message
     assert f"its {part} config does not fit this version of cdlm" in message and named in message
+
+
+def test_a_file_naming_a_moved_class_by_its_old_path_loads_with_the_new_name(tmp_path):
+    """Files written before ``cdlm.processes.parameterization`` was split record its inputs
+    there; they load, and the loaded config (a distillation teacher's, say) names today's."""
+    torch.manual_seed(0)
+    tok = wrap(train_bpe([Document("the cat sat on the mat " * 20, "x")], 280).to_str())
+    process = GaussianProcess(vocab_size=len(tok), embed_dim=8, input=PosteriorInput(shift=False))
+    net_kwargs = {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 16}
+    network = Transformer(**net_kwargs, **process.network_kwargs)
+    old = "cdlm.processes.parameterization.PosteriorInput"
+    config = {
+        "process": {
+            "_target_": "cdlm.processes.gaussian.GaussianProcess",
+            "vocab_size": len(tok),
+            "embed_dim": 8,
+            "input": {"_target_": old, "shift": False},
+        },
+        "network": {"_target_": "cdlm.networks.transformer.Transformer"}
+        | net_kwargs
+        | process.network_kwargs,
+        "seq_len": 16,
+        "labels": [],
+    }
+    model = Model(process, network, tok, config)
+    save_model(tmp_path / "m.safetensors", model)
+    loaded = load_model(tmp_path / "m.safetensors")
+    assert isinstance(loaded.process.input, PosteriorInput)
+    assert loaded.config["process"]["input"]["_target_"] == "cdlm.processes.inputs.PosteriorInput"
+    x, t = torch.randn(2, 16, 8), torch.rand(2)
+    torch.testing.assert_close(loaded.denoiser(x, t).logits, model.denoiser(x, t).logits)
+
+
+def test_every_moved_name_maps_to_a_class_that_exists():
+    for old, new in MOVED.items():
+        module, name = new.rsplit(".", 1)
+        assert getattr(importlib.import_module(module), name).__name__ == old.rsplit(".", 1)[1]

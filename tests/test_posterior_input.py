@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from cdlm.denoiser import readout_evidence
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import GaussianProcess
+from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import PosteriorInput, VectorInput
 from cdlm.training.phases import Phases
 
 

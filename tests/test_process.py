@@ -8,8 +8,8 @@ from cdlm.denoiser import Prediction
 from cdlm.networks.embedding import NormalizedEmbedding
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.inputs import VectorInput
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import VectorInput
 from cdlm.schedules import CosineSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 

@@ -37,8 +37,8 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.block import BlockDenoiser, BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
+from cdlm.processes.inputs import VectorInput
 from cdlm.processes.masked import MaskedProcess
-from cdlm.processes.parameterization import VectorInput
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 

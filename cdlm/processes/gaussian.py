@@ -24,14 +24,11 @@ from cdlm.denoiser import (
 )
 from cdlm.networks.embedding import NormalizedEmbedding
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, ProcessModule
+from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.losses import masked_mean, mean_hidden, next_token_loss, valid_mask
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import (
-    EmbeddingDenoiser,
-    PosteriorInput,
-    VectorInput,
-    check_pieces,
-)
+from cdlm.processes.parameterization import check_pieces
+from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
 

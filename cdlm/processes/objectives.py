@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from cdlm.denoiser import Denoiser, Prediction
 from cdlm.processes.base import Corrupted
 from cdlm.processes.losses import masked_mean
-from cdlm.processes.parameterization import (
+from cdlm.processes.readouts import (
     ExpectedEmbedding,
     NearestReadout,
     ReadoutSkip,

