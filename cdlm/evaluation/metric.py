@@ -1,7 +1,8 @@
 """What ``cdlm-eval`` hands every metric and task, and what one hands back.
 
-The model is loaded and its sampler chosen once (``load``); each ``conf/metric/*.yaml`` and
-``conf/task/*.yaml`` builds a callable of the one ``Metric`` signature, which gets that and the
+The model is loaded and its sampler chosen once (``load``); each ``conf/metric/*.yaml`` builds
+a callable of the one ``Metric`` signature (a task of ``conf/task/*.yaml`` is measured by
+``cdlm.tasks.suite.measure`` bound to it, of the same signature), which gets that and the
 command's options, and returns a ``Measured`` that the command writes the same way for all.
 """
 
