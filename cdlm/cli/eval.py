@@ -1,7 +1,8 @@
 """``cdlm-eval``: the full report of a model and sampler (quality beside real text, the val
 bound, speed and work), or its held-out likelihood alone (ELBO or ODE NLL), or a task's rows,
-or ``--compare`` several JSON reports in one table. The JSON report goes beside the model unless ``out=`` says
-otherwise, and a model folder's card (README.md) gets the measured figures."""
+or ``--compare`` several JSON reports in one table. The JSON report goes beside the model
+unless ``out=`` says otherwise, and a model folder's card (README.md) gets the measured
+figures."""
 
 from __future__ import annotations
 
