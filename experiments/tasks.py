@@ -15,7 +15,6 @@ usage: python experiments/tasks.py --model ar-fim=PATH ... [--code KEY=PATH ... 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -27,7 +26,8 @@ from cdlm.evaluation.quality import load_scorer
 from cdlm.io import atomic_write_text
 from cdlm.model_file import load_model
 from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import constrain, constraints, correct, infill, plan, suite, write
+from cdlm.tasks import constraints, correct, infill, suite
+from cdlm.tasks.base import named_task
 
 GREEDY = {  # process kind -> (sampler, options, steps) for the accuracy tasks
     "autoregressive": ("ar", {"temperature": 0.0, "stop_at_eos": False}, 1),
@@ -46,25 +46,20 @@ KINDS = {"austen": constraints.TEXT_KINDS, "code": constraints.CODE_KINDS}
 
 
 def task_plan(kind: str, group: str, args, scorer) -> list[tuple]:
-    """(task, bound run, sampler or None for the default, steps, scorer) for each task."""
+    """(name, task of conf/task/, sampler or None for the default, steps, scorer) for each."""
     name, options, steps = GREEDY[kind]
     greedy = named_sampler(name, **options)
     every = {
-        "infill": (functools.partial(infill.run, spans=args.spans), greedy, steps, scorer),
-        "correct": (functools.partial(correct.run, rates=args.rates), greedy, steps, None),
+        "infill": (named_task("infill", spans=args.spans), greedy, steps, scorer),
+        "correct": (named_task("correct", rates=args.rates), greedy, steps, None),
         "constrain": (
-            functools.partial(constrain.run, kinds=list(KINDS.get(group, ()))),
+            named_task("constrain", kinds=list(KINDS.get(group, ()))),
             greedy,
             steps,
             scorer,
         ),
-        "plan": (plan.run, greedy, PLAN_STEPS if kind != "autoregressive" else 1, None),
-        "write": (
-            functools.partial(write.run, samples=args.samples),
-            None,
-            WRITE_STEPS[kind],
-            scorer,
-        ),
+        "plan": (named_task("plan"), greedy, PLAN_STEPS if kind != "autoregressive" else 1, None),
+        "write": (named_task("write", samples=args.samples), None, WRITE_STEPS[kind], scorer),
     }
     return [(task, *every[task]) for task in SETS[group]]
 
@@ -79,7 +74,6 @@ def rows_of(key: str, path: str, group: str, data: str | None, args, scorer) -> 
         print(f"== {key}: {task} ({time.strftime('%T')})", file=sys.stderr)
         try:
             report = suite.report(
-                task,
                 fn,
                 model,
                 sampler,

@@ -45,14 +45,14 @@ def test_eval_report_goes_beside_the_model(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"")
-    assert default_out(str(folder), "evaluate_checkpoint") == folder / "eval.json"
+    assert default_out(str(folder), "report") == folder / "eval.json"
     model = str(folder / "model.safetensors")
-    assert default_out(model, "evaluate_checkpoint") == folder / "eval.json"
+    assert default_out(model, "report") == folder / "eval.json"
     assert default_out(model, "elbo") == folder / "eval_elbo.json"
     assert default_out(str(folder / "student.safetensors"), "elbo") == folder / (
         "student.eval_elbo.json"
     )
-    assert default_out("someone/model", "evaluate_checkpoint") == Path("someone--model.eval.json")
+    assert default_out("someone/model", "report") == Path("someone--model.eval.json")
 
 
 def test_the_scorer_install_is_one_command(monkeypatch):

@@ -1,22 +1,27 @@
 """The whole evaluation of one checkpoint and sampler: quality beside real text, likelihood,
-speed and work, in one report dict (see ``report.py`` for its markdown form)."""
+speed and work, in one report dict (see ``report.py`` for its markdown form); ``report`` is
+``cdlm-eval metric=report`` (conf/metric/report.yaml)."""
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
-import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from cdlm.evaluation.bound import val_bits_per_token
+from cdlm.evaluation.metric import Loaded, Measured, load, scorer_of
 from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, scorer_is_base
+from cdlm.evaluation.report import log_to_wandb, summary_markdown
 from cdlm.evaluation.speed import measure
-from cdlm.evaluation.world_score import world_of, world_sections
+from cdlm.evaluation.world_score import world_of, world_sections, world_spec
 from cdlm.likelihood.evaluate import validation_tokens
-from cdlm.model_file import Model, load_model
-from cdlm.sampling import Plan, check_whole_canvases, choose, decode
+from cdlm.model_file import Model
+from cdlm.sampling import Plan, check_whole_canvases, decode
 
 
 def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer | None) -> dict:
@@ -41,43 +46,83 @@ def _judged_by_base(scorer: Scorer | None, model: Model) -> bool:
     return judged
 
 
+def report(loaded: Loaded, cfg: DictConfig) -> Measured:
+    """``metric=report``: ``evaluate`` with the options of conf/eval.yaml; ``scorer=world``
+    (or ``world:<name>``) scores by that world instead of a language model. A sampler that pads
+    after EOS is refused under ``cut_at_eos=false`` before the scorer loads."""
+    check_whole_canvases(loaded.choice.sampler, cfg.cut_at_eos)
+    world = world_spec(str(cfg.scorer), loaded.model.config)
+    result = evaluate(
+        loaded,
+        num_samples=cfg.num_samples,
+        seed=cfg.seed,
+        repeats=cfg.repeats,
+        grid=cfg.grid,
+        scorer=None if world else scorer_of(cfg.scorer, loaded.device),
+        data_path=cfg.data.path,
+        likelihood_sequences=None if cfg.num_batches is None else cfg.num_batches * cfg.batch_size,
+        likelihood_draws=cfg.likelihood_draws,
+        cut_at_eos=cfg.cut_at_eos,
+        temperature=cfg.temperature,
+        world=world,
+    )
+    return Measured(
+        "report",
+        result,
+        summary_markdown(result),
+        markdown=True,
+        card=card_metrics(result),
+        log=functools.partial(log_to_wandb, result),
+    )
+
+
 def evaluate_checkpoint(
     ckpt: str,
     sampler: Callable | None,
     *,
     steps: int | None,
+    device: torch.device,
+    cut_at_eos: bool = True,
+    model_options: dict | None = None,
+    **options: Any,
+) -> dict:
+    """``evaluate`` on the model at ``ckpt`` with ``sampler`` and ``steps`` (None: the defaults,
+    ``choose``), for scripts; ``model_options``: ``load_model``'s keywords (a world oracle's
+    process); ``options``: ``evaluate``'s. ``cdlm-eval`` loads once itself and calls
+    ``report``."""
+    loaded = load(ckpt, device, steps, sampler, model_options)
+    check_whole_canvases(loaded.choice.sampler, cut_at_eos)
+    return evaluate(loaded, cut_at_eos=cut_at_eos, **options)
+
+
+def evaluate(
+    loaded: Loaded,
+    *,
     num_samples: int,
     seed: int,
     repeats: int,
     grid: str,
     scorer: Scorer | None,
-    device: torch.device,
     data_path: str | None = None,
     likelihood_sequences: int | None = None,
     likelihood_draws: int = 1,
     cut_at_eos: bool = True,
     temperature: float = 1.0,
     world: str | None = None,
-    model_options: dict | None = None,
 ) -> dict:
-    """Loads, samples (1 warm-up + ``repeats`` timed runs, batch = ``num_samples``), scores the
-    samples and as many real val sequences cut to the same lengths, and computes the val bound
-    on the first ``likelihood_sequences`` val sequences (None: all), averaged over
+    """Samples (1 warm-up + ``repeats`` timed runs, batch = ``num_samples``), scores the samples
+    and as many real val sequences cut to the same lengths, and computes the val bound on the
+    first ``likelihood_sequences`` val sequences (None: all), averaged over
     ``likelihood_draws`` noise draws (``val_bits_per_token``). ``cut_at_eos=False`` scores
-    whole canvases (EOS as line breaks): equal length for every model and sampler; a sampler
-    that pads after EOS is refused then (``check_whole_canvases``). ``temperature``: the
+    whole canvases (EOS as line breaks): equal length for every model and sampler (the caller
+    refuses a sampler that pads after EOS, ``check_whole_canvases``). ``temperature``: the
     gaussian x0 softmax temperature (the process's sampling denoiser). ``world``
     (``world:<name>``, ``scorer=world``): the samples are scored by that world instead, beside
-    exact samples, and the bound is taken on exact samples (``world_sections``).
-    ``model_options``: ``load_model``'s keywords (a world oracle's process)."""
-    start = time.perf_counter()
-    model = load_model(ckpt, device, **(model_options or {}))
-    load_seconds = time.perf_counter() - start
-    choice = choose(model.process, model.config, steps, sampler)
+    exact samples, and the bound is taken on exact samples (``world_sections``)."""
+    model, choice = loaded.model, loaded.choice
     if choice.note:
         print(f"cdlm-eval: {choice.note}", file=sys.stderr)
     judged_by_base = _judged_by_base(scorer, model)
-    check_whole_canvases(choice.sampler, cut_at_eos)
     judge = None if world is None else world_of(model, world)  # before the sampling, not after
     plan = Plan(
         num_samples=num_samples,
@@ -100,7 +145,7 @@ def evaluate_checkpoint(
             model, judge, world, samples, seed, likelihood_sequences, likelihood_draws
         )
     return {
-        "model": _model_facts(model, ckpt),
+        "model": _model_facts(model, loaded.ckpt),
         "sampler": {
             "name": choice.name,
             "options": choice.options,
@@ -112,8 +157,8 @@ def evaluate_checkpoint(
         "seed": seed,
         "repeats": repeats,
         "cut_at_eos": cut_at_eos,
-        "environment": _environment(device),
-        "load_seconds": load_seconds,
+        "environment": _environment(loaded.device),
+        "load_seconds": loaded.load_seconds,
         "speed": speed.as_dict(),
         "quality": quality,
         "likelihood": likelihood,
@@ -172,8 +217,9 @@ def _environment(device: torch.device) -> dict:
     }
 
 
-def card_metrics(result: dict, command: str) -> dict:
-    """A full report's figures for a model card (``cdlm.hub.record_metrics``)."""
+def card_metrics(result: dict) -> dict:
+    """A full report's figures for a model card (``cdlm.hub.record_metrics``; the command
+    adds its ``source``)."""
     bound, quality = result["likelihood"], result["quality"]
     sampler = result["sampler"]
     how = (
@@ -187,7 +233,6 @@ def card_metrics(result: dict, command: str) -> dict:
         "token_entropy_bits": quality["samples"]["token_entropy_bits"],
         "distinct_2": quality["samples"]["distinct_2"],
         "gen_ppl_how": how,
-        "source": command,
     }
     if "excess_bits" in bound:
         out["excess_bits"] = bound["excess_bits"]

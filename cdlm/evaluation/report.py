@@ -158,11 +158,12 @@ def log_to_wandb(report: dict) -> None:
 
 
 def default_path(ckpt: str, metric: str, process: str | None = None) -> Path:
-    """Where a report goes without ``out=``: beside the model (``eval.json`` in a model folder,
+    """Where the report of ``metric`` (a ``Measured.name``: ``report``, ``elbo``, ``task_plan``
+    ...) goes without ``out=``: beside the model (``eval.json`` in a model folder,
     ``<stem>.eval.json`` beside another file name); for a Hub id, in the current folder; for a
     world's oracle of ``process`` (its ``_target_``), ``world-<name>-<process>.eval.json`` in
     the current folder."""
-    name = "eval.json" if metric == "evaluate_checkpoint" else f"eval_{metric}.json"
+    name = "eval.json" if metric == "report" else f"eval_{metric}.json"
     if worlds.is_world(ckpt):
         kind = str(process).rsplit(".", 1)[-1].removesuffix("Process").lower()
         return Path(f"{ckpt.replace(':', '-')}-{kind}.{name}")

@@ -4,22 +4,16 @@ reports: the tokenizer, the passages' lengths, the model's load time kept apart 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-import torch
+from omegaconf import DictConfig
 
-from cdlm.evaluation.quality import Scorer, load_scorer
+from cdlm.evaluation.metric import Loaded, Measured, scorer_of
+from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.speed import spread
-from cdlm.model_file import Model, load_model
-from cdlm.processes import fim
+from cdlm.model_file import Model
 from cdlm.samplers.base import sampler_name
-from cdlm.sampling import choose
-from cdlm.tasks import plan
-from cdlm.tasks.passages import held_out
-
-TASKS = ("infill", "correct", "constrain", "plan", "write")
-OWN_SCORING = ("correct", "plan")  # judged on tokens or by a checker alone: no scorer loaded
+from cdlm.tasks.base import Task
 
 
 def process_label(model: Model) -> str:
@@ -29,8 +23,7 @@ def process_label(model: Model) -> str:
 
 
 def report(
-    name: str,
-    task: Callable,
+    task: Task,
     model: Model,
     sampler: Callable,
     *,
@@ -42,70 +35,43 @@ def report(
     val_fraction: float = 0.02,
     load_seconds: float | None = None,
 ) -> dict:
-    """Runs ``task`` (a task module's ``run``, options bound) on ``cases`` held-out inputs: the
-    plan task's puzzle lines, or else passages of at most the model's length less the 4 FIM
-    sentinels, so that every process gets the same passages from the same split and seed."""
-    if name == "plan":
-        inputs = plan.held_out(model, cases, seed, data_path, val_fraction)
-        lengths = [len(p.line) for p in inputs]
-    else:
-        length = model.config["seq_len"] - fim.SENTINELS
-        inputs = held_out(model, cases, length, seed, data_path, val_fraction)
-        lengths = [len(p.ids) for p in inputs]
-    rows = task(model, sampler, inputs, steps=steps, seed=seed, scorer=scorer)
+    """Runs ``task`` on ``cases`` held-out inputs of its own reader."""
+    inputs = task.read(model, cases, seed, data_path, val_fraction)
+    rows = task.run(model, sampler, inputs.items, steps=steps, seed=seed, scorer=scorer)
     label, used = process_label(model), sampler_name(sampler)
     tok = model.tokenizer
     return {
-        "task": name,
+        "task": task.name,
         "process": label,
         "sampler": used,
         "steps": steps,
         "seed": seed,
         "tokenizer": {"class": type(tok).__name__, "vocab": len(tok)},
-        "input_length": spread(lengths),  # tokens of a passage, characters of a puzzle line
+        "input_length": spread(inputs.lengths),  # tokens of a passage, characters of a puzzle
         "scorer": None if scorer is None else scorer.name,
         "load_s": load_seconds,
-        "rows": [{"task": name, "process": label, "sampler": used} | row for row in rows],
+        "rows": [{"task": task.name, "process": label, "sampler": used} | row for row in rows],
     }
 
 
-def evaluate(
-    ckpt: str,
-    name: str,
-    task: Callable,
-    sampler: Callable | None,
-    *,
-    steps: int | None,
-    seed: int,
-    cases: int,
-    scorer: str,
-    device: torch.device,
-    data_path: str | None = None,
-    val_fraction: float = 0.02,
-) -> dict:
-    """``report`` on the model at ``ckpt`` (its load timed apart), with the sampler and steps
-    ``cdlm.sampling.choose`` fills in, and the scorer named by ``scorer`` (``default``,
-    ``none`` or an HF causal LM; correct and plan load none)."""
-    start = time.perf_counter()
-    model = load_model(ckpt, device)
-    load = time.perf_counter() - start
-    choice = choose(model.process, model.config, steps, sampler)
-    judge = None
-    if scorer != "none" and name not in OWN_SCORING:
-        judge = load_scorer(None if scorer == "default" else scorer, device)
-    return report(
-        name,
+def measure(task: Task, loaded: Loaded, cfg: DictConfig) -> Measured:
+    """``cdlm-eval task=<name>`` (bound to its ``task``, the ``Metric`` signature): ``report``
+    with the sampler and steps chosen at load, and the scorer named by ``scorer`` when the task
+    is ``scored``."""
+    scorer = scorer_of(cfg.scorer, loaded.device) if task.scored else None
+    result = report(
         task,
-        model,
-        choice.sampler,
-        steps=choice.steps,
-        seed=seed,
-        cases=cases,
-        scorer=judge,
-        data_path=data_path,
-        val_fraction=val_fraction,
-        load_seconds=load,
+        loaded.model,
+        loaded.choice.sampler,
+        steps=loaded.choice.steps,
+        seed=cfg.seed,
+        cases=cfg.cases,
+        scorer=scorer,
+        data_path=cfg.data.path,
+        val_fraction=cfg.data.val_fraction,
+        load_seconds=loaded.load_seconds,
     )
+    return Measured(f"task_{task.name}", result, "\n".join(summary_lines(result)))
 
 
 def summary_lines(result: dict) -> list[str]:

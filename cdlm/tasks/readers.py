@@ -1,0 +1,30 @@
+"""Where tasks read their inputs (``read:`` in conf/task/*.yaml, the ``Reader`` signature): the
+same held-out inputs for every process, from the same split and seed."""
+
+from __future__ import annotations
+
+from cdlm.model_file import Model
+from cdlm.processes import fim
+from cdlm.tasks import plan
+from cdlm.tasks.base import Inputs
+from cdlm.tasks.passages import held_out
+
+
+def passages(
+    model: Model, cases: int, seed: int, data_path: str | None = None, val_fraction: float = 0.02
+) -> Inputs:
+    """Held-out passages of at most the model's length less the FIM sentinels, so that an AR
+    model's FIM prompt holds the same passage as every other process's canvas; lengths in
+    tokens."""
+    length = model.config["seq_len"] - fim.SENTINELS
+    found = held_out(model, cases, length, seed, data_path, val_fraction)
+    return Inputs(found, [len(p.ids) for p in found])
+
+
+def puzzles(
+    model: Model, cases: int, seed: int, data_path: str | None = None, val_fraction: float = 0.02
+) -> Inputs:
+    """Held-out lines of the puzzle file the model trained on (``plan.held_out``); lengths in
+    characters."""
+    found = plan.held_out(model, cases, seed, data_path, val_fraction)
+    return Inputs(found, [len(p.line) for p in found])
