@@ -31,7 +31,12 @@ from safetensors.torch import load_file
 from cdlm.data.order import ResumableLoader, ResumableSampler
 from cdlm.training.lr_schedules import wallclock_cosine
 from cdlm.training.phases import budget_progress
-from cdlm.training.resume import Checkpoint, find_resume, is_whole_checkpoint
+from cdlm.training.resume import (
+    AtomicCheckpointIO,
+    Checkpoint,
+    find_resume,
+    is_whole_checkpoint,
+)
 
 TESTS = Path(__file__).parent
 STEPS = 12
@@ -148,25 +153,18 @@ def test_resume_from_a_checkpoint_repeats_the_rest(
 
 
 def _slow_save(folder: Path) -> None:
-    """In a forked child: overwrite last.ckpt through ``Checkpoint`` with a writer that takes
-    seconds, as a large checkpoint does (only Python file writes run in the child)."""
+    """In a forked child: overwrite last.ckpt through ``AtomicCheckpointIO`` with a ``torch.save``
+    that takes seconds, as a large checkpoint does (only Python file writes run in the child)."""
 
-    def save_checkpoint(path, weights_only=False):
+    def slow_save(obj, path):
         with open(path, "wb") as f:
             for _ in range(200):
                 f.write(b"\0" * 65536)
                 f.flush()
                 time.sleep(0.02)
 
-    trainer = SimpleNamespace(
-        save_checkpoint=save_checkpoint,
-        lightning_module=torch.nn.Module(),
-        global_step=7,
-        is_global_zero=True,
-        loggers=[],
-        strategy=SimpleNamespace(barrier=lambda *a: None),
-    )
-    Checkpoint(dirpath=str(folder))._save_checkpoint(trainer, str(folder / "last.ckpt"))
+    torch.save = slow_save  # this child's own torch: it exits when the write would end
+    AtomicCheckpointIO().save_checkpoint({"global_step": 7}, folder / "last.ckpt")
     os._exit(0)
 
 
@@ -178,16 +176,17 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     before = previous.read_bytes()
     child = multiprocessing.get_context("fork").Process(target=_slow_save, args=(tmp_path,))
     child.start()
-    partial = tmp_path / ".last.ckpt.tmp"
     deadline = time.monotonic() + 30
-    while not (partial.exists() and partial.stat().st_size > 65536) and time.monotonic() < deadline:
+    partial = []
+    while not (partial and partial[0].stat().st_size > 65536) and time.monotonic() < deadline:
+        partial = list(tmp_path.glob(".last.ckpt.*.tmp"))
         time.sleep(0.01)
     os.kill(child.pid, signal.SIGKILL)
     child.join()
-    assert child.exitcode == -signal.SIGKILL and partial.exists()  # killed mid-write
+    assert child.exitcode == -signal.SIGKILL and partial and partial[0].exists()  # mid-write
     assert previous.read_bytes() == before
     assert torch.load(previous, weights_only=True)["global_step"] == 6
-    assert not is_whole_checkpoint(partial) and find_resume(tmp_path) == previous
+    assert not is_whole_checkpoint(partial[0]) and find_resume(tmp_path) == previous
 
 
 def test_find_resume_takes_the_newest_whole_checkpoint(tmp_path):
@@ -341,5 +340,48 @@ def test_time_based_checkpoints_as_well_as_step_based(
     trainer.fit(BoringModel())
     steps = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.ckpt"))
     assert steps == saved
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # installed by setup
     assert all(is_whole_checkpoint(p) for p in tmp_path.glob("*.ckpt"))
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_checkpoints_at_validation_as_well_as_by_steps(tmp_path):
+    """Validation at steps 3 and 6, a step trigger of 4: saves at 3, 4, 6 and 8, each once."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    checkpoint = Checkpoint(
+        dirpath=str(tmp_path),
+        filename="step-{step}",
+        auto_insert_metric_name=False,
+        save_top_k=-1,
+        save_last=True,
+        every_n_train_steps=4,
+    )
+    trainer = L.Trainer(
+        max_steps=8,
+        val_check_interval=3,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel())
+    steps = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.ckpt"))
+    assert steps == [3, 4, 6, 8] and not list(tmp_path.glob("*-v*.ckpt"))
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 8
+
+
+@pytest.mark.parametrize("every_n_train_steps", [None, 50])
+def test_the_state_key_is_lightnings_for_the_same_triggers(every_n_train_steps):
+    """Checkpoints written while Lightning ran the step trigger itself keep their bookkeeping."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    ours = Checkpoint(every_n_train_steps=every_n_train_steps, every_minutes=10)
+    lightnings = ModelCheckpoint(every_n_train_steps=every_n_train_steps)
+    assert ours.state_key == lightnings.state_key.replace("ModelCheckpoint", "Checkpoint", 1)
+    with pytest.raises(ValueError, match="every_n_epochs is not supported"):
+        Checkpoint(every_n_epochs=2)

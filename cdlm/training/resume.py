@@ -1,11 +1,13 @@
 """Checkpoints a killed run resumes from as if it had never stopped (docs/reliability.md).
 
-Three pieces: ``Checkpoint`` writes Lightning checkpoints atomically, by step count and by wall
-clock as well as at validation, never with non-finite weights; ``StepSeed`` makes each training
-step's randomness a function of the run's seed and the step's place in the data, so a resumed
-run draws the noise the uninterrupted one would have; ``find_resume`` picks the newest checkpoint
-of a run folder that is whole (``cdlm-train resume=auto``). The data order's position is saved by
-the dataloader itself (``cdlm.data.order``).
+Three pieces: ``Checkpoint`` writes Lightning checkpoints atomically (``AtomicCheckpointIO``),
+by step count and by wall clock as well as at validation, never with non-finite weights;
+``StepSeed`` makes each training step's randomness a function of the run's seed and the step's
+place in the data, so a resumed run draws the noise the uninterrupted one would have;
+``find_resume`` picks the newest checkpoint of a run folder that is whole (``cdlm-train
+resume=auto``). The data order's position is saved by the dataloader itself
+(``cdlm.data.order``). Only Lightning's public API is used (issue 42,
+tests/test_lightning_public.py): a private member changes without notice on an upgrade.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import time
 import zipfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
+
+from cdlm.io import atomic_path
 
 
 def weights_finite(module: torch.nn.Module) -> bool:
@@ -31,41 +37,132 @@ def weights_finite(module: torch.nn.Module) -> bool:
     return bool(torch.stack([t.isfinite().all() for t in tensors]).all())
 
 
-class Checkpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint`` (by default: at every validation, plus ``last.ckpt``) with
-    two additions. ``every_minutes`` also saves after that much wall clock since the last save,
-    together with ``every_n_train_steps`` if both are given (Lightning allows only one trigger).
-    Every file is written to a temporary name and renamed over the old one, so a kill during the
-    write leaves the previous checkpoint whole; and a module with non-finite weights is not saved
-    at all, so the last good checkpoint is never replaced by a broken one."""
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, but each file goes to a temporary name in its folder, is
+    flushed to disk and renamed over the old one (``cdlm.io.atomic_path``). Lightning's own
+    writes the bytes in place, so a kill during the write leaves a torn file where the previous
+    checkpoint was."""
 
-    def __init__(self, *args, every_minutes: float | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+
+
+class Checkpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (at every validation, plus ``last.ckpt`` if asked) with
+    three additions. It also saves every ``every_n_train_steps`` optimizer steps and once
+    ``every_minutes`` of wall clock have passed since the last save, both together if given
+    (Lightning allows one trigger, and none beside the validation one). Files are written
+    through ``AtomicCheckpointIO``, which it installs in place of Lightning's default writer.
+    And a module with non-finite weights is not saved at all: the check comes before Lightning's
+    bookkeeping, which would otherwise delete the previous top-k file for a new one that is then
+    not written, so the last good checkpoints stay.
+
+    Lightning's own triggers are left at their default (once per validation, or per epoch
+    without validation); the extra saves call that same save (``on_validation_end`` /
+    ``on_train_epoch_end``: exactly one of the two saves, once per step), so top-k and
+    ``last.ckpt`` keep Lightning's bookkeeping."""
+
+    def __init__(
+        self,
+        *,
+        every_n_train_steps: int | None = None,
+        every_minutes: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        for name in ("every_n_epochs", "train_time_interval"):
+            if kwargs.get(name) is not None:
+                raise ValueError(
+                    f"checkpoint.{name} is not supported: checkpoints come at every validation, "
+                    "and also by checkpoint.every_n_train_steps and checkpoint.every_minutes"
+                )
+        super().__init__(**kwargs)
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(
+                f"checkpoint.every_n_train_steps must be >= 1, got {every_n_train_steps}"
+            )
         if every_minutes is not None and not every_minutes > 0:
             raise ValueError(f"checkpoint.every_minutes must be > 0, got {every_minutes}")
+        self.every_n_train_steps = every_n_train_steps or 0
         self.every = timedelta(minutes=every_minutes) if every_minutes else None
         self._last_save = time.monotonic()
         self._checked: tuple[int | None, bool] = (None, True)  # (global step, weights finite)
+
+    @property
+    def state_key(self) -> str:
+        """The key Lightning gave this callback's state when it ran the step trigger itself:
+        checkpoints written then keep their bookkeeping (else ``last.ckpt`` would look like
+        another run's and a ``last-v1.ckpt`` be written beside it), and two checkpoint
+        callbacks with different step triggers stay apart."""
+        steps = self.every_n_train_steps
+        triggers = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": steps,
+            "every_n_epochs": 0 if steps else 1,
+            "train_time_interval": None,
+        }
+        return f"{type(self).__qualname__}{triggers!r}"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        io = trainer.strategy.checkpoint_io
+        if type(io) is TorchCheckpointIO:  # Lightning's default
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        elif not isinstance(io, AtomicCheckpointIO):
+            rank_zero_warn(f"checkpoints are written by {type(io).__name__}, maybe not atomically")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_save = time.monotonic()
 
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Every save restarts the wall clock, whichever trigger (or caller) made it."""
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        self._last_save = time.monotonic()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.every is None or self._should_skip_saving_checkpoint(trainer):
-            return
-        due = time.monotonic() - self._last_save >= self.every.total_seconds()
-        if trainer.strategy.broadcast(due):  # rank 0's clock decides for every rank
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
+        if self.every is not None:
+            late = time.monotonic() - self._last_save >= self.every.total_seconds()
+            due = trainer.strategy.broadcast(due or late)  # rank 0's clock decides for every rank
+        if due and self._finite(trainer):
+            super().on_validation_end(trainer, pl_module)
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._finite(trainer):
+            super().on_validation_end(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._finite(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._finite(trainer):
+            super().on_train_end(trainer, pl_module)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        # only when it would save: the check is a collective, and one rank may fail alone
+        if not self.save_on_exception or self._finite(trainer):
+            super().on_exception(trainer, pl_module, exception)
 
     def _finite(self, trainer: L.Trainer) -> bool:
-        """Checked before Lightning's bookkeeping, which would otherwise delete the previous
-        top-k file for a new one that is then not written."""
+        """Whether the module's weights are finite on every rank (a sharded module's shards
+        differ, and the ranks must agree on whether to save); checked once per step."""
         if self._checked[0] != trainer.global_step:
-            ok = weights_finite(trainer.lightning_module)
+            ok = trainer.strategy.reduce_boolean_decision(
+                weights_finite(trainer.lightning_module), all=True
+            )
             if not ok:
                 rank_zero_warn(
                     f"step {trainer.global_step}: the model has non-finite weights; no checkpoint "
@@ -73,28 +170,6 @@ class Checkpoint(ModelCheckpoint):
                 )
             self._checked = (trainer.global_step, ok)
         return self._checked[1]
-
-    def _save_topk_checkpoint(self, trainer: L.Trainer, candidates: dict) -> None:
-        if self._finite(trainer):
-            super()._save_topk_checkpoint(trainer, candidates)
-
-    def _save_last_checkpoint(self, trainer: L.Trainer, candidates: dict) -> None:
-        if self._finite(trainer):
-            super()._save_last_checkpoint(trainer, candidates)
-
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        if not self._finite(trainer):  # e.g. a save on exception
-            return
-        path = Path(filepath)
-        tmp = path.with_name(f".{path.name}.tmp")  # the same name on every rank
-        super()._save_checkpoint(trainer, str(tmp))
-        if trainer.is_global_zero:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        trainer.strategy.barrier("Checkpoint.replace")
-        self._last_checkpoint_saved = filepath
-        self._last_save = time.monotonic()
 
 
 class StepSeed(L.Callback):
