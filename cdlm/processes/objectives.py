@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cdlm.denoiser import Denoiser, Prediction
+from cdlm.denoiser import Denoiser, Prediction, full_precision
 from cdlm.processes.base import Corrupted
 from cdlm.processes.losses import masked_mean
 from cdlm.processes.readouts import (
@@ -26,9 +26,10 @@ from cdlm.processes.readouts import (
 
 
 def token_ce(pred: Prediction, tokens: Tensor) -> Tensor:
-    """(B, L) cross-entropy of the predicted logits on the clean tokens, nats."""
+    """(B, L) cross-entropy of the predicted logits on the clean tokens, nats (float64 logits
+    stay float64)."""
     return F.cross_entropy(
-        pred.logits.float().flatten(0, 1), tokens.flatten(), reduction="none"
+        full_precision(pred.logits).flatten(0, 1), tokens.flatten(), reduction="none"
     ).view_as(tokens)
 
 
