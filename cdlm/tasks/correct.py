@@ -227,7 +227,7 @@ def run(
     scorer=None,
     rates: list[float] = RATES,
     suspects: float = 0.05,
-    rounds: int = 2,
+    rounds: int = 1,
     margin: float = 2.0,
     batch: int = BATCH,
 ) -> list[dict]:
