@@ -124,14 +124,16 @@ def test_batched_word_scores_equal_one_row_per_call_and_call_once_per_batch(pass
 
 
 def test_the_work_counts_every_scored_row_and_a_refill_sized_by_its_suspects(partners):
-    """One round (nothing kept): W word rows, a 2-token refill in 2 steps although 64 were
-    allowed, 2 judged rows; each row is one evaluation of the canvas, whatever the batching."""
+    """One round (nothing kept): W word rows, a 2-token refill in at most 2 steps although 64
+    were allowed (the masked default sampler, ancestral, would call on until both are revealed),
+    2 judged rows; each row is one evaluation of the canvas, whatever the batching."""
     model, case, _, _ = partners
-    p, sampler = case.original, named_sampler("confidence", stop_at_eos=False)
+    p, sampler = case.original, named_sampler("ancestral", stop_at_eos=False)
     w = len(p.spans)
     options = {"steps": 64, "seed": 0, "suspects": 2 / w, "rounds": 2, "margin": 2.0}
     model.network.calls = 0
     _, stats = correct.repair(model, sampler, case, batch=8, **options)
-    assert stats.nfe == w + 2 + 2
-    assert stats.positions == (w + 2 + 2) * len(p.ids)
-    assert model.network.calls == math.ceil(w / 8) + 2 + 1
+    refill = stats.nfe - (w + 2)
+    assert 1 <= refill <= 2
+    assert stats.positions == (w + 2 + refill) * len(p.ids)
+    assert model.network.calls == math.ceil(w / 8) + refill + 1
