@@ -231,7 +231,8 @@ def run(
     margin: float = 2.0,
     batch: int = BATCH,
 ) -> list[dict]:
-    """One row per corruption rate; progress on stderr, a line per case at most every 30 s."""
+    """One row per corruption rate; progress on stderr (a line at most every 30 s, and one when
+    a rate's cases are done: scoring every word is slow on a CPU)."""
     tok = model.tokenizer
     pool = sorted({w.strip() for p in passages for w in p.words if w.strip().isalpha()})
     options = {"steps": steps, "seed": seed, "suspects": suspects, "rounds": rounds}
