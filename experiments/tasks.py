@@ -9,7 +9,7 @@ and gaussian with their own samplers at temperature 0 where they have one. Open 
 uses each process's default sampler at temperature 1.
 
 usage: python experiments/tasks.py --model ar-fim=PATH ... [--code KEY=PATH ... --code-data F]
-    [--plan KEY=PATH ... --plan-data F] --out docs/tasks
+    [--plan KEY=PATH ... --plan-data F] [--only correct ...] --out docs/tasks
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def task_plan(kind: str, group: str, args, scorer) -> list[tuple]:
         "plan": (named_task("plan"), greedy, PLAN_STEPS if kind != "autoregressive" else 1, None),
         "write": (named_task("write", samples=args.samples), None, WRITE_STEPS[kind], scorer),
     }
-    return [(task, *every[task]) for task in SETS[group]]
+    return [(task, *every[task]) for task in SETS[group] if task in (args.only or SETS[group])]
 
 
 def rows_of(key: str, path: str, group: str, data: str | None, args, scorer) -> list[dict]:
@@ -284,6 +284,12 @@ def main() -> None:
     parser.add_argument("--spans", type=int, nargs="+", default=list(infill.SPANS))
     parser.add_argument("--rates", type=float, nargs="+", default=list(correct.RATES))
     parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted({t for tasks in SETS.values() for t in tasks}),
+        help="run these tasks alone (e.g. --only correct: re-measure its rows); default: all",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scorer", default="default", help="default | none | an HF causal LM")
     parser.add_argument("--out", default="docs/tasks")

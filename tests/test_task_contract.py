@@ -61,7 +61,7 @@ CASES = {
         "text",
         1,
         {"rate", "cases", "corrupted_words", "restored", "changed_correct", "acceptance"}
-        | {"threshold", "margin", "rounds"},
+        | {"suspects", "margin", "rounds"},
         {"rates": [0.15], "rounds": 1},
     ),
     "constrain": Case(

@@ -111,7 +111,7 @@ def test_an_oracle_infills_and_corrects_everything_and_changes_no_correct_word(o
     for r in rows:
         assert r["token_accuracy"] == r["span_exact"] == r["fixed_intact"] == 1.0
         assert r["nfe"] >= 1 and r["positions"] >= r["nfe"] and r["wall_s_median"] > 0
-    rows = correct.run(model, sampler, passages, steps=4, seed=0, rates=[0.05, 0.15])
+    rows = correct.run(model, sampler, passages, steps=4, seed=0, rates=[0.05, 0.15], suspects=0.3)
     for r in rows:
         assert r["corrupted_words"] > 0
         assert r["restored"] == 1.0 and r["changed_correct"] == 0.0 and r["acceptance"] == 1.0
@@ -120,13 +120,15 @@ def test_an_oracle_infills_and_corrects_everything_and_changes_no_correct_word(o
 
 def test_a_refill_stays_only_where_it_beats_the_user_word_by_the_margin(oracle, tok):
     """A model that prefers the original only by 1 nat per token: below the 2-nat margin its
-    refills are undone (nothing changes, nothing is restored); with no margin they stay."""
+    refills are undone (nothing changes, nothing is restored); with no margin they stay. The
+    corrupted words are the passage's lowest-scoring, so a share of suspects above the rate
+    takes them all."""
     model, passages = oracle
     doubtful = Model(
         model.process, KnowsPassages(passages, len(tok), sure=1.0).eval(), tok, model.config
     )
     sampler = named_sampler("confidence")
-    options = {"steps": 4, "seed": 0, "rates": [0.15], "threshold": 0.5}
+    options = {"steps": 4, "seed": 0, "rates": [0.15], "suspects": 0.3}
     (kept,) = correct.run(doubtful, sampler, passages, margin=2.0, **options)
     assert kept["restored"] == 0.0 and kept["changed_correct"] == 0.0
     (free,) = correct.run(doubtful, sampler, passages, margin=0.0, **options)
@@ -171,6 +173,8 @@ def test_cdlm_eval_task_writes_its_rows(ckpt, task, options, request, tmp_path):
         assert set(figures[task]) <= set(row)
     if "fim" in ckpt:
         assert report["process"] == "autoregressive+fim"
+    if task == "correct":  # progress on stderr: a user sees the cases go by
+        assert "cdlm-eval: correct at rate 0.15, case 3/3, done" in result.stderr
 
 
 def test_task_errors_name_the_problem(tiny_ar_checkpoint, tiny_checkpoint, tmp_path):
