@@ -81,3 +81,24 @@ def test_a_wrapper_forwards_calls_not_attributes():
         wrapped.network  # noqa: B018
     with pytest.raises(AttributeError):
         wrapped.secret  # noqa: B018
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "masked"])
+def test_a_rows_hidden_score_does_not_depend_on_its_batch(kind):
+    from cdlm.networks.transformer import Transformer
+
+    torch.manual_seed(0)
+    if kind == "gaussian":
+        process = GaussianProcess(vocab_size=8, embed_dim=4)
+    else:
+        process = MaskedProcess(vocab_size=8, mask_id=7, eos_id=0)
+    net = Transformer(**process.network_kwargs, d_model=16, n_layers=1, n_heads=2, max_seq_len=6)
+    denoiser = process.make_denoiser(net.eval())
+    ids = torch.randint(0, 7, (3, 6))
+    hidden = torch.zeros_like(ids, dtype=torch.bool)
+    hidden[0, 1], hidden[1, 2:4], hidden[2, 5] = True, True, True
+    together = process.score_hidden(denoiser, ids, hidden)
+    alone = torch.cat(
+        [process.score_hidden(denoiser, ids[i : i + 1], hidden[i : i + 1]) for i in range(3)]
+    )
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)

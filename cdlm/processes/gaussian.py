@@ -121,11 +121,14 @@ class GaussianProcess(ProcessModule):
 
     @torch.no_grad()
     def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
-        """The hidden tokens at pure noise, the rest nearly clean (``CLEAN_LEVEL``), one seeded
-        draw."""
+        """The hidden tokens at pure noise, the rest nearly clean (``CLEAN_LEVEL``): one seeded
+        noise draw shared by every row, so a row's score does not depend on its batch."""
         t = torch.where(hidden, 1.0, CLEAN_LEVEL).to(ids.device)
-        c = self.corrupt(ids, t, torch.Generator(ids.device).manual_seed(0))
-        logp = self.predict(denoiser, c.x_t, t, self.self_conditions).logits.log_softmax(-1)
+        x0 = self.embedding(ids)
+        g = torch.Generator(ids.device).manual_seed(0)
+        noise = torch.randn(x0.shape[1:], device=x0.device, generator=g, dtype=x0.dtype)
+        x_t = self.noised(x0, t, noise.expand_as(x0))
+        logp = self.predict(denoiser, x_t, t, self.self_conditions).logits.log_softmax(-1)
         return mean_hidden(logp, ids, hidden)
 
     @property
