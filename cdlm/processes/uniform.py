@@ -1,0 +1,218 @@
+"""Uniform-state discrete diffusion: UDLM (Schiff et al. 2025) and Duo (Sahoo et al., ICML 2025,
+"The Diffusion Duality").
+
+Each token stays itself with probability alpha(t) and is otherwise replaced by a token drawn
+uniformly from the whole vocabulary (specials included, as the reference draws from
+``len(tokenizer)``; nothing is absorbing, so no token is reserved). The marginal is
+q(x_t | x) = Cat(alpha x + (1 - alpha) / V), the prior is uniform noise, and any position may
+change at any step of decoding. With x_bar = V alpha x + (1 - alpha) (and x_bar_theta the same
+with the model's x0 estimate in place of x), the continuous-time ELBO per position, at the
+token i = x_t, is (Duo eq. 11; the reference's ``DUO_BASE.nll_per_token`` in another form):
+
+    alpha' / (V alpha) [ V / x_bar_i - V / x_bar_theta_i
+                         - sum_j (x_bar_j / x_bar_i) log(x_bar_theta_i x_bar_j / (x_bar_theta_j x_bar_i)) ]
+
+which is >= 0 (alpha' < 0) and 0 when x_bar_theta = x_bar. The network reads time (its level
+is not in the input, unlike masking's count of masks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.losses import valid_mask
+from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
+from cdlm.time_samplers import TimeSampler, stratified_times
+
+
+def uniform_nelbo(logp: Tensor, x_t: Tensor, x0: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
+    """(B, L) the continuous-time NELBO integrand per position (module docstring), float64.
+
+    logp: (B, L, V) the model's log x0-probabilities; x_t, x0: (B, L) ids; alpha, dalpha: the
+    schedule's alpha(t) and alpha'(t), each (B,) or per token (B, L)."""
+    logp, vocab = logp.double(), logp.shape[-1]
+    alpha, dalpha = (v.double() if v.dim() == 2 else v.double()[:, None] for v in (alpha, dalpha))
+    a = alpha[..., None]
+    x_bar = vocab * a * nn.functional.one_hot(x0, vocab).double() + (1 - a)  # (B, L, V)
+    log_theta = torch.log(vocab * a * logp.exp() + (1 - a))  # log x_bar_theta
+    at = x_t[..., None]
+    bar_i, log_theta_i = x_bar.gather(-1, at).squeeze(-1), log_theta.gather(-1, at).squeeze(-1)
+    ratio = x_bar / bar_i[..., None]
+    kl = (ratio * (log_theta_i[..., None] - log_theta + ratio.log())).sum(-1)
+    bracket = vocab / bar_i - vocab * torch.exp(-log_theta_i) - kl
+    return dalpha / (vocab * alpha) * bracket
+
+
+class UniformDenoiser(NetworkDenoiser):
+    """log-probabilities of the clean token at every position; the network reads t."""
+
+    def __init__(self, network: nn.Module) -> None:
+        self.network = network
+
+    def __call__(self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs):
+        return Prediction(logits=full_precision(self.network(z, t, **kwargs)).log_softmax(-1))
+
+
+class HoldTokens(Wrapper):
+    """Infilling: the network reads the fixed tokens of ``ids`` at the ``fixed`` positions
+    whatever the canvas holds there, and predicts them with certainty, so the greedy last step
+    of ``duo_ancestral`` returns them. (An exact posterior step may still move a fixed position
+    in between: for uniform noise q(x_s | x_t = x, x) is not a point mass.)"""
+
+    def __init__(self, denoiser: Denoiser, ids: Tensor, fixed: Tensor) -> None:
+        self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        at = kwargs.get("positions")
+        fixed, ids = columns(self.fixed, at), columns(self.ids, at)
+        pred = self.denoiser(torch.where(fixed, ids, x_t), t, self_cond, **kwargs)
+        certain = torch.full_like(pred.logits, -math.inf).scatter_(-1, ids[..., None], 0.0)
+        return Prediction(logits=torch.where(fixed[..., None], certain, pred.logits))
+
+
+class UniformProcess(TokenProcess):
+    """Uniform-state diffusion over token ids.
+
+    Args:
+        vocab_size: tokenizer size (filled in from the data at build time); noise draws from
+            all of it.
+        schedule: alpha(t) as a ``cdlm.schedules.MaskSchedule`` (keep(t); log-linear as Duo's
+            ``noise=log-linear``, cosine, or ``cdlm.processes.duality.DualSchedule``).
+        t_min: smallest training time (the ELBO weight alpha'/alpha grows towards alpha = 0).
+        time_sampler: where training draws t; evaluation uses stratified uniform t.
+    """
+
+    kind = "uniform"
+    default_sampler = "duo_ancestral"
+    loss_is_bound = True  # in eval mode the loss is the continuous-time ELBO (prior term ~0)
+    exact_likelihood = False
+    noise_levels = True
+    sequential = False
+    causal = False
+    canvas_id = None
+
+    def __init__(
+        self,
+        vocab_size: int,
+        schedule: MaskSchedule | None = None,
+        t_min: float = 1e-3,
+        time_sampler: TimeSampler | None = None,
+    ) -> None:
+        super().__init__()
+        schedule = schedule if schedule is not None else LogLinearMaskSchedule()
+        if not isinstance(schedule, MaskSchedule):
+            raise ValueError(
+                f"process=uniform needs an alpha(t) schedule (mask_schedule=loglinear or "
+                f"mask_schedule=cosine), got {type(schedule).__name__}"
+            )
+        self.vocab_size, self.schedule, self.t_min = vocab_size, schedule, t_min
+        self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
+        self.time_sampler.attach(self.schedule)
+
+    def grid_schedule(self) -> nn.Module:
+        return self.schedule
+
+    def make_denoiser(self, network: nn.Module) -> Denoiser:
+        return UniformDenoiser(network)
+
+    def keep(self, t: Tensor) -> Tensor:
+        """alpha(t) shaped to (B, L) tokens: t is (B,) or per token (B, L)."""
+        keep = self.schedule.keep(t)
+        return keep[:, None] if keep.dim() == 1 else keep
+
+    def noised(self, tokens: Tensor, keep: Tensor, generator) -> tuple[Tensor, Tensor]:
+        """(x_t, resampled): each token kept with probability ``keep``, else a uniform draw."""
+        u = torch.rand(tokens.shape, device=tokens.device, generator=generator)
+        noise = torch.randint(
+            0, self.vocab_size, tokens.shape, device=tokens.device, generator=generator
+        )
+        resampled = u >= keep
+        return torch.where(resampled, noise, tokens), resampled
+
+    def corrupt(
+        self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
+    ) -> Corrupted:
+        """``noisy`` marks the resampled positions (a draw may land on the token itself)."""
+        z, resampled = self.noised(tokens, self.keep(t), generator)
+        return Corrupted(tokens=tokens, x0=tokens, x_t=z, t=t, noisy=resampled)
+
+    def weight(self, t: Tensor) -> Tensor:
+        """The ELBO's factor alpha'(t) / (V alpha(t)) before the bracket (module docstring)."""
+        return self.schedule.dkeep(t) / (self.vocab_size * self.schedule.keep(t))
+
+    def prior(
+        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
+    ) -> Tensor:
+        """Uniform noise over the vocabulary, (B, L), drawn from ``generator``."""
+        return torch.randint(0, self.vocab_size, shape, device=device, generator=generator)
+
+    def elbo_terms(self, logp: Tensor, c: Corrupted, valid: Tensor) -> Tensor:
+        """(B,) the ELBO integrand summed over the valid positions, nats."""
+        t = c.t
+        per = uniform_nelbo(logp, c.x_t, c.tokens, self.schedule.keep(t), self.schedule.dkeep(t))
+        return (per * valid).sum(-1)
+
+    def sample_t(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        *,
+        device: torch.device | None = None,
+        length: int | None = None,
+    ) -> Tensor:
+        """Times in [t_min, 1): the time sampler's draw in training, stratified uniform in
+        evaluation (the unbiased bound)."""
+        device = device if device is not None else getattr(generator, "device", None)
+        u = (
+            self.time_sampler(n, device, generator)
+            if self.training
+            else stratified_times(n, device, generator)
+        )
+        return self.t_min + (1.0 - self.t_min) * u
+
+    def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
+        """The ELBO integrand in nats per valid token at t from ``sample_t``."""
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
+        c = self.corrupt(tokens, t, generator)
+        logp = denoiser(c.x_t, c.t).logits
+        per_row = self.elbo_terms(logp, c, valid)
+        nats = (per_row.sum() / valid.sum().clamp_min(1)).to(logp.dtype)
+        return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
+
+    @torch.no_grad()
+    def evaluate_at(
+        self, denoiser: Denoiser, tokens: Tensor, t: float | Tensor, generator=None
+    ) -> LevelEval:
+        """The model's log-probabilities at level t (a float, (B,) or (B, L)), scored on the
+        resampled positions, beside each position's own evidence log q(x_t | x0 = v) =
+        log(alpha [v = x_t] + (1 - alpha) / V)."""
+        if not torch.is_tensor(t):
+            t = torch.full((tokens.shape[0],), float(t), device=tokens.device)
+        c = self.corrupt(tokens, t, generator)
+        logits = denoiser(c.x_t, c.t).logits
+        a = self.keep(t).to(logits.dtype)[..., None]
+        same = nn.functional.one_hot(c.x_t, self.vocab_size).to(logits.dtype)
+        evidence = torch.log(a * same + (1 - a) / self.vocab_size)
+        return LevelEval(logits, tokens, c.noisy, evidence)
+
+    def start(
+        self, x: Tensor, ids: Tensor, editable: Tensor, seeded: Tensor, strength: float, generator
+    ) -> Tensor:
+        """The fixed tokens of ``ids``, the prior draw ``x`` on the editable positions; with
+        strength < 1 (editing) each ``seeded`` editable position is ``ids`` noised to t =
+        strength."""
+        canvas = torch.where(editable, x, ids)
+        if strength >= 1.0:
+            return canvas
+        keep = self.schedule.keep(torch.tensor(strength, device=ids.device))
+        edited, _ = self.noised(ids, keep, generator)
+        return torch.where(editable & seeded, edited, canvas)
+
+    def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
+        return HoldTokens(denoiser, ids, ~editable)
