@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hydra.utils import instantiate
 from scipy import integrate
@@ -92,6 +93,16 @@ def ar_log_prob(network: nn.Module, bos: int, seqs: Tensor) -> Tensor:
         logp = network(inputs, zeros(len(seqs)))[:, -1].double().log_softmax(-1)
         total += logp.gather(-1, seqs[:, i, None]).squeeze(-1)
     return total
+
+
+def check_autoregressive(process: nn.Module, network: nn.Module) -> None:
+    """The eval loss is the exact NLL by the chain rule over prefix-only calls, and the model's
+    probabilities of all V^L sequences sum to 1."""
+    seqs = all_sequences(list(range(V)), L)
+    logp = ar_log_prob(network, process.canvas_id, seqs)
+    assert float(logp.logsumexp(0)) == pytest.approx(0.0, abs=1e-12)
+    loss = process.loss(process.make_denoiser(network), {"tokens": seqs}).loss
+    assert float(loss) == pytest.approx(float(-logp.mean() / L), rel=1e-12)
 
 
 # --- masked and block: every mask pattern, a quadrature over t per number of masks -------------

@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import process_brute_force as bf
+import process_uniform_checks as uc
 import pytest
 import torch
 from process_brute_force import F64, L, V, gen, monte_carlo, weight_by_hand, words
@@ -53,17 +54,6 @@ def doubled(name: str):
 
 
 # --- the brute-force checks of each loss ----------------------------------------------------
-
-
-def check_autoregressive(name: str) -> None:
-    """The eval loss is the exact NLL by the chain rule over prefix-only calls, and the model's
-    probabilities of all V^L sequences sum to 1."""
-    process, network = doubled(name)
-    seqs = bf.all_sequences(list(range(V)), L)
-    logp = bf.ar_log_prob(network, process.canvas_id, seqs)
-    assert float(logp.logsumexp(0)) == pytest.approx(0.0, abs=1e-12)
-    loss = process.loss(process.make_denoiser(network), {"tokens": seqs}).loss
-    assert float(loss) == pytest.approx(float(-logp.mean() / L), rel=1e-12)
 
 
 def check_masked(name: str) -> None:
@@ -171,10 +161,11 @@ class Row:
 
 
 CASES: dict[str, Row] = {
-    "autoregressive": Row(check_autoregressive),
+    "autoregressive": Row(lambda name: bf.check_autoregressive(*doubled(name))),
     "block": Row(check_block, ("process.block_size=2",)),
     "gaussian": Row(check_gaussian, ("process.embed_dim=4",)),
     "masked": Row(check_masked),
+    "uniform": Row(lambda name: uc.check_uniform(*doubled(name))),
 }
 
 
@@ -218,6 +209,9 @@ def test_corruption(name):
             continue
         assert c.noise is None and c.x_t.dtype == c.x0.dtype == torch.long
         assert c.x_t.shape == (B, L) and torch.equal(c.x0, tokens)
+        if process.kind == "uniform":  # nothing absorbs: x_t is x or uniform noise
+            uc.check_corruption(process, c, tokens, t)
+            continue
         if process.mask_id is None:  # the AR "corruption" is the shift after the BOS
             assert c.noisy.all() and (c.x_t[:, 0] == process.canvas_id).all()
             assert torch.equal(c.x_t[:, 1:], tokens[:, :-1])
@@ -232,6 +226,9 @@ def test_corruption(name):
 def test_prior(name):
     process, g = parts(name).process, gen(7)
     x = process.prior((64, 32), torch.device("cpu"), g)
+    if process.kind == "uniform":
+        assert x.shape == (64, 32) and process.canvas_id is None
+        return uc.check_prior(process, lambda s: process.prior((64, 32), x.device, gen(s)))
     if not process.continuous:
         assert x.shape == (64, 32) and x.dtype == torch.long
         assert (x == process.canvas_id).all()
@@ -273,6 +270,9 @@ def test_evaluate_at(name):
             )
             continue
         assert c.noisy.any() and (~c.noisy).any()
+        if process.kind == "uniform":
+            uc.check_evidence(out, c, process, levels)
+            continue
         assert (out.evidence[c.noisy] == 0).all()
         point = torch.full((B, L, V), -math.inf, dtype=out.evidence.dtype)
         point.scatter_(-1, tokens[..., None], 0.0)

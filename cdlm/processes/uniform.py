@@ -49,13 +49,16 @@ def uniform_nelbo(logp: Tensor, x_t: Tensor, x0: Tensor, alpha: Tensor, dalpha: 
 
 
 class UniformDenoiser(NetworkDenoiser):
-    """log-probabilities of the clean token at every position; the network reads t."""
+    """log-probabilities of the clean token at every position. The network reads one level
+    per sequence: per-token levels (B, L) are averaged, as the reference's ``_process_sigma``
+    averages its per-token sigma."""
 
     def __init__(self, network: nn.Module) -> None:
         self.network = network
 
     def __call__(self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs):
-        return Prediction(logits=full_precision(self.network(z, t, **kwargs)).log_softmax(-1))
+        level = t.mean(-1) if t.dim() == 2 else t
+        return Prediction(logits=full_precision(self.network(z, level, **kwargs)).log_softmax(-1))
 
 
 class HoldTokens(Wrapper):
