@@ -39,6 +39,7 @@ from cdlm.processes.block import BlockDenoiser, BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.inputs import VectorInput
 from cdlm.processes.masked import MaskedProcess
+from cdlm.processes.uniform import UniformProcess
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 
@@ -62,6 +63,7 @@ def make_process(kind: str) -> nn.Module:
         ),
         "masked": lambda: MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS, shift=False),
         "autoregressive": lambda: AutoregressiveProcess(vocab_size=V, bos_id=EOS),
+        "uniform": lambda: UniformProcess(vocab_size=V),
         "block": lambda: BlockProcess(vocab_size=V, mask_id=MASK, block_size=4, eos_id=EOS),
         # the layout speculative decoding verifies with: shifted, a causal clean stream
         "verifying_block": lambda: BlockProcess(
@@ -216,6 +218,7 @@ CASES: dict[str, Case] = {
     "threshold": Case("masked", steps_until_decided, steps_until_decided),
     "entropy_bounded": Case("masked", steps_until_decided, steps_until_decided),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
+    "duo_ancestral": Case("uniform", per_step, per_step),
     "block": Case("block", steps_and_cached_blocks, steps_until_decided),
     "speculative": Case("block", verified_and_drafted, verified, build="verifying_block"),
 }
@@ -309,6 +312,8 @@ def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
         return KnowsData(data, process, network)
     if process.kind in ("masked", "block"):
         return Seeing(data, process, network)
+    if process.kind == "uniform":  # certain everywhere: the greedy last step returns the data
+        return lambda z, t, self_cond=None, **kw: Prediction(logits=point_mass(data))
     return ForcedNextToken(process.sampling_denoiser(network), data)
 
 
