@@ -102,6 +102,11 @@ class NetworkDenoiser:
         one call; None when nothing is held fixed."""
         return None
 
+    def held_tokens(self) -> tuple[Tensor, Tensor] | None:
+        """(ids (B, L), fixed (B, L) bool): canvas tokens a sampler that may revise any position
+        (uniform-state diffusion) must leave in place; None when nothing is held."""
+        return None
+
     def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
         """Next-token logits (B, L, V) of the clean ``tokens`` under causal attention, row i
         predicting tokens[:, i]: for denoisers with a next-token layout (an AR phase)."""
@@ -123,6 +128,9 @@ class Wrapper:
 
     def known_prefix(self) -> Tensor | None:
         return self.denoiser.known_prefix()
+
+    def held_tokens(self) -> tuple[Tensor, Tensor] | None:
+        return self.denoiser.held_tokens()
 
     def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
         return self.denoiser.next_token_logits(tokens, **kwargs)

@@ -312,9 +312,19 @@ def oracle(process: nn.Module, network: nn.Module, data: Tensor) -> Callable:
         return KnowsData(data, process, network)
     if process.kind in ("masked", "block"):
         return Seeing(data, process, network)
-    if process.kind == "uniform":  # certain everywhere: the greedy last step returns the data
-        return lambda z, t, self_cond=None, **kw: Prediction(logits=point_mass(data))
+    if process.kind == "uniform":
+        return Certain(data)
     return ForcedNextToken(process.sampling_denoiser(network), data)
+
+
+class Certain(NetworkDenoiser):
+    """Uniform-state: all mass on ``data`` everywhere, whatever the canvas holds."""
+
+    def __init__(self, data: Tensor) -> None:
+        self.data = data
+
+    def __call__(self, z, t, self_cond=None, **kw) -> Prediction:
+        return Prediction(logits=point_mass(self.data))
 
 
 class Seeing(NetworkDenoiser):

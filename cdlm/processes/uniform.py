@@ -62,10 +62,10 @@ class UniformDenoiser(NetworkDenoiser):
 
 
 class HoldTokens(Wrapper):
-    """Infilling: the network reads the fixed tokens of ``ids`` at the ``fixed`` positions
-    whatever the canvas holds there, and predicts them with certainty, so the greedy last step
-    of ``duo_ancestral`` returns them. (An exact posterior step may still move a fixed position
-    in between: for uniform noise q(x_s | x_t = x, x) is not a point mass.)"""
+    """Infilling: the network reads the fixed tokens of ``ids`` at the ``fixed`` positions and
+    predicts them with certainty, and samplers that may revise any position ask
+    ``held_tokens`` to leave them in place (for uniform noise the exact posterior
+    q(x_s | x_t = x, x) is no point mass, so certainty alone would not hold them)."""
 
     def __init__(self, denoiser: Denoiser, ids: Tensor, fixed: Tensor) -> None:
         self.denoiser, self.ids, self.fixed = denoiser, ids, fixed
@@ -76,6 +76,9 @@ class HoldTokens(Wrapper):
         pred = self.denoiser(torch.where(fixed, ids, x_t), t, self_cond, **kwargs)
         certain = torch.full_like(pred.logits, -math.inf).scatter_(-1, ids[..., None], 0.0)
         return Prediction(logits=torch.where(fixed[..., None], certain, pred.logits))
+
+    def held_tokens(self) -> tuple[Tensor, Tensor]:
+        return self.ids, self.fixed
 
 
 class UniformProcess(TokenProcess):

@@ -58,7 +58,11 @@ def sample_duo_ancestral(
 ) -> SampleOutput:
     """x: (B, L) ids (the uniform prior); timesteps: (T+1,) from 1 to 0. One call per
     interval; ``temperature`` of the posterior draws (0: argmax). stats: ``revisions``, the
-    mean positions per sequence that changed, summed over the steps."""
+    mean positions per sequence that changed, summed over the steps. Tokens the denoiser holds
+    (``held_tokens``: infilling) are put in place first and never resampled."""
+    held = denoiser.held_tokens()
+    if held is not None:
+        x = torch.where(held[1], held[0], x)
     nfe, pred, revisions = 0, None, 0.0
     for i in range(len(timesteps) - 1):
         t, s = float(timesteps[i]), float(timesteps[i + 1])
@@ -72,6 +76,8 @@ def sample_duo_ancestral(
                 process.schedule.keep(torch.full_like(tt, s).double()),
             )
             x_s = step_posterior(x, pred.logits, a_s, a_t, generator, temperature)
+        if held is not None:
+            x_s = torch.where(held[1], held[0], x_s)
         revisions += float((x_s != x).sum(-1).double().mean())
         x = x_s
         if callback is not None:
