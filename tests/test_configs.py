@@ -13,7 +13,7 @@ from cdlm.distillation.module import Distillation, student_of
 from cdlm.distillation.report import RoundEval
 from cdlm.distillation.targets import halvings
 from cdlm.networks.transformer import Transformer
-from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
+from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess, UniformProcess
 from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.vocabulary import token_ids
@@ -49,6 +49,7 @@ class StubTokenizer:
         ("gaussian", "schedule", GaussianProcess),
         ("masked", "mask_schedule", MaskedProcess),
         ("autoregressive", None, AutoregressiveProcess),
+        ("uniform", "mask_schedule", UniformProcess),
     ],
 )
 def test_processes_and_schedules_instantiate(process, schedule_group, expected):
@@ -63,11 +64,11 @@ def test_processes_and_schedules_instantiate(process, schedule_group, expected):
         assert net.causal == (process == "autoregressive")
 
 
-@pytest.mark.parametrize("process", ["gaussian", "masked"])
+@pytest.mark.parametrize("process", ["gaussian", "masked", "uniform"])
 @pytest.mark.parametrize("sampler", options("time_sampler"))
 def test_time_samplers_instantiate_inside_each_process(process, sampler):
     cfg = compose_train(f"process={process}", f"time_sampler@process.time_sampler={sampler}")
-    if sampler == "gumbel" and process == "masked":  # log-SNR levels: VP schedules only
+    if sampler == "gumbel" and process != "gaussian":  # log-SNR levels: VP schedules only
         with pytest.raises(Exception, match="applies to process=gaussian"):
             instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
         return

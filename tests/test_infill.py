@@ -14,7 +14,14 @@ from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
-from cdlm.processes import AutoregressiveProcess, BlockProcess, GaussianProcess, MaskedProcess, fim
+from cdlm.processes import (
+    AutoregressiveProcess,
+    BlockProcess,
+    GaussianProcess,
+    MaskedProcess,
+    UniformProcess,
+    fim,
+)
 from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
@@ -65,6 +72,7 @@ def processes(tok, fim_tok=None):
         "masked": MaskedProcess(v, mask_id=mask, eos_id=eos).eval(),
         "masked_shift": MaskedProcess(v, mask_id=mask, eos_id=eos, shift=True).eval(),
         "block": BlockProcess(v, mask_id=mask, block_size=BLOCK_SIZE, eos_id=eos).eval(),
+        "uniform": UniformProcess(v).eval(),
     }
 
 
@@ -160,7 +168,9 @@ def test_every_sampler_returns_exactly_the_template(
                 assert last.kind == "fixed" and text.endswith(" at Kellynch.")
             else:
                 assert last.kind == "generated" and last.tokens == (n - 4, n)
-            if kind not in ("gaussian", "autoregressive"):  # every gap filled: no [MASK] left
+            # every gap filled: no [MASK] left (uniform noise has no absorbing token: [MASK] is
+            # one more token of its vocabulary, as in the reference)
+            if kind not in ("gaussian", "autoregressive", "uniform"):
                 assert tok.mask_token_id not in s.token_ids
 
 

@@ -6,6 +6,7 @@ from cdlm.processes.base import Corrupted, LevelEval, LossOutput, Process
 from cdlm.processes.block import BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.masked import MaskedProcess
+from cdlm.processes.uniform import UniformProcess
 
 __all__ = [
     "AutoregressiveProcess",
@@ -16,4 +17,5 @@ __all__ = [
     "LossOutput",
     "MaskedProcess",
     "Process",
+    "UniformProcess",
 ]
