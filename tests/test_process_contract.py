@@ -11,7 +11,8 @@ hand; the masking rate against 1 - keep(t) within 5 standard errors); the prior 
 placeholder, or N(0, I) moments of a seeded draw); ``evaluate_at`` (the masked positions and
 their evidence, or the gaussian readout by hand); the model-file round trip (bit-identical
 outputs and loss); and the loss or bound against enumeration and quadrature (see each
-``check_*``).
+``check_*``). Uniform-state noise (``tests/process_uniform_checks.py``): uniform draws and prior
+by chi-square, its evidence by hand, its ELBO against the KL rate of its definition.
 """
 
 from __future__ import annotations

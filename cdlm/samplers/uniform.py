@@ -25,9 +25,10 @@ def uniform_posterior(p_x0: Tensor, x_t: Tensor, alpha_s: Tensor, alpha_t: Tenso
     (a [v = x_t] + (1 - a) / V) (alpha_s p_v + (1 - alpha_s) / V); alpha_s, alpha_t: (B,)."""
     p, vocab = p_x0.double(), p_x0.shape[-1]
     a_s, a_t = (v.double().view(-1, 1, 1) for v in (alpha_s, alpha_t))
-    a = a_t / a_s
-    onehot = torch.nn.functional.one_hot(x_t, vocab).double()
-    joint = (a * onehot + (1 - a) / vocab) * (a_s * p + (1 - a_s) / vocab)
+    a, at = a_t / a_s, x_t[..., None]
+    forward = a_s * p + (1 - a_s) / vocab  # q(x_s | x0)
+    joint = forward * ((1 - a) / vocab)  # times q(x_t | x_s) off x_t; at x_t add a q(x_s | x0)
+    joint.scatter_add_(-1, at, a * forward.gather(-1, at))
     return joint / joint.sum(-1, keepdim=True)
 
 
