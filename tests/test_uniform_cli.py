@@ -17,6 +17,7 @@ def test_uniform_trains_and_samples(tmp_path_factory, tiny_corpus, tmp_path):
     with (ckpt.parent / "csv" / "version_0" / "metrics.csv").open() as f:
         seen = {k: float(v) for row in csv.DictReader(f) for k, v in row.items() if v != ""}
     assert math.isfinite(seen["val/bits_per_token"]) and seen["val/bits_per_token"] > 0
+    assert seen["step"] == 3 and math.isfinite(seen["val/ce_t0.5"])  # 3 steps, per-level figures
     out = tmp_path / "s.jsonl"
     result = run_main(
         "cdlm-sample", f"ckpt={ckpt}", "steps=4", "num_samples=2", f"out={out}", cwd=tmp_path
@@ -25,3 +26,5 @@ def test_uniform_trains_and_samples(tmp_path_factory, tiny_corpus, tmp_path):
     records = read_records(out)
     check_samples(records, model, 2, "duo_ancestral", 4)
     assert records[0]["nfe"] == 4
+    refused = run_main("cdlm-sample", f"ckpt={ckpt}", "sampler=ancestral", cwd=tmp_path)
+    assert refused.returncode == 2 and "use one of: duo_ancestral" in refused.stderr
