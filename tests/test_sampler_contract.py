@@ -20,10 +20,8 @@ and say why in the commit.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import pkgutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import cdlm.samplers
+from cdlm import config_dir
 from cdlm.denoiser import NetworkDenoiser, Prediction, Wrapper
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
@@ -41,7 +39,6 @@ from cdlm.processes.block import BlockDenoiser, BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.inputs import VectorInput
 from cdlm.processes.masked import MaskedProcess
-from cdlm import config_dir
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 from cdlm.samplers.base import sampler_name
 from cdlm.samplers.blockwise import DualCache, PrefixCache
@@ -213,6 +210,7 @@ CASES: dict[str, Case] = {
     # loose tolerances and one interval keep the solve to a handful of calls
     "adaptive": Case("gaussian", dormand_prince, per_step, 1, {"rtol": 1e-2, "atol": 1e-2}),
     "ancestral": Case("masked", steps_until_decided, steps_until_decided),
+    "masked": Case("masked", steps_until_decided, steps_until_decided),  # = ancestral, generic
     # more steps than positions: some steps reveal nothing, and the next one skips its call
     "cached_ancestral": Case("masked", calls_after_a_change, steps_until_decided, steps=16),
     # ceil(open / steps_left) per step decides the canvas exactly at the last step when L >= steps.
@@ -246,6 +244,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("remdm", {"block_length": 4, "cache": PrefixCache()}),
     ("remdm", {"rule": ReMDM(schedule="conf")}),
     ("remdm", {"rule": ReMDM(schedule="loop", eta=0.1)}),
+    ("masked", {"rule": Threshold()}),
 ]
 
 

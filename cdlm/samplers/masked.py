@@ -43,6 +43,9 @@ from cdlm.samplers.masked_steps import (
 )
 from cdlm.samplers.rules import Ancestral, Rule, Window, check_rule
 
+ANCESTRAL = Ancestral()  # the samplers' default rule (frozen, so one object serves every call)
+EXACT_PREFIX = PrefixCache()  # block diffusion's default: its exact KV cache of finished blocks
+
 
 class Whole:
     """Predictions over the whole canvas, one network call per step (none while the canvas is
@@ -177,7 +180,7 @@ def sample_masked(
     process,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
-    rule: Rule = Ancestral(),
+    rule: Rule = ANCESTRAL,
     block_length: int | None = None,
     steps_per_block: int | None = None,
     repeat_penalty: float = 0.0,
@@ -232,9 +235,9 @@ def sample_block(
     process,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
-    rule: Rule = Ancestral(),
+    rule: Rule = ANCESTRAL,
     steps_per_block: int | None = None,
-    cache: PrefixCache | None = PrefixCache(),
+    cache: PrefixCache | None = EXACT_PREFIX,
     stop_at_eos: bool = True,
 ) -> SampleOutput:
     """Block diffusion decoding (BD3-LM, Arriola et al. 2025): blocks of the process's

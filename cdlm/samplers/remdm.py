@@ -73,7 +73,9 @@ class ReMDM(Rule):
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise ValueError(
+                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
         if not self.eta >= 0 or (self.schedule == "rescale" and self.eta > 1):
             raise ValueError(f"eta must be >= 0 (<= 1 with schedule=rescale), got {self.eta}")
         if self.schedule == "loop":

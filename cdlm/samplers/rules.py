@@ -107,9 +107,7 @@ class Threshold(Rule):
         check_threshold(self.threshold)
 
     def step(self, w: Window, iv: Interval, generator: torch.Generator | None) -> Tensor:
-        return step_threshold(
-            w.x, w.logp, w.open_, iv, generator, self.temperature, self.threshold
-        )
+        return step_threshold(w.x, w.logp, w.open_, iv, generator, self.temperature, self.threshold)
 
 
 @dataclass(frozen=True)
