@@ -39,10 +39,13 @@ class Interval:
     ) -> Interval:
         """The step t -> s under the mask schedule's ``keep``, with MDLM's reveal probability
         (Sahoo et al. 2024, eq. 7): a position still masked at t is unmasked by s with
-        probability (keep(s) - keep(t)) / (1 - keep(t)), and surely at s <= 0."""
+        probability (keep(s) - keep(t)) / (1 - keep(t)), and surely at s <= 0. ``keep_t`` and
+        ``keep_s`` are in float64 (ReMDM's exact update); ``p_reveal`` stays as it was
+        computed, from float32, so that the samples of the unmasking rules do not move."""
         k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
         p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
-        return cls(t=t, s=s, steps_left=steps_left, p_reveal=p_reveal, keep_t=k_t, keep_s=k_s)
+        keep_t, keep_s = (keep(torch.tensor(v, dtype=torch.float64)).item() for v in (t, s))
+        return cls(t=t, s=s, steps_left=steps_left, p_reveal=p_reveal, keep_t=keep_t, keep_s=keep_s)
 
 
 def _commit(x: Tensor, logp: Tensor, chosen: Tensor, generator, temperature: float) -> Tensor:
