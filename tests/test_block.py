@@ -16,12 +16,12 @@ from cdlm.samplers import uniform_grid
 from cdlm.samplers.blockwise import Calls, DualCache, PrefixCache
 from cdlm.samplers.masked import sample_block, sample_masked
 from cdlm.samplers.masked_steps import Interval, step_entropy_bounded, step_threshold
-from cdlm.samplers.rules import Ancestral, Confidence, EntropyBounded, Threshold
+from cdlm.samplers.rules import Ancestral, CachedAncestral, Confidence, EntropyBounded, Threshold
 from cdlm.schedules import LogLinearMaskSchedule
 
 V, MASK, EOS = 12, 11, 0
 sample_ancestral = functools.partial(sample_masked, rule=Ancestral())
-sample_cached_ancestral = functools.partial(sample_masked, rule=Ancestral(), skip_unchanged=True)
+sample_cached_ancestral = functools.partial(sample_masked, rule=CachedAncestral())
 sample_topk = functools.partial(sample_masked, rule=Confidence())
 sample_threshold = functools.partial(sample_masked, rule=Threshold())
 sample_entropy_bounded = functools.partial(sample_masked, rule=EntropyBounded())
@@ -379,7 +379,7 @@ def test_cache_choices_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="repeat_penalty"):
         sample_topk(den, x, grid, process=masked, cache=PrefixCache(), block_length=4,
                     repeat_penalty=0.5)  # fmt: skip
-    with pytest.raises(ValueError, match="skip_unchanged"):  # it has no KV cache to choose
+    with pytest.raises(ValueError, match="CachedAncestral"):  # it has no KV cache to choose
         sample_cached_ancestral(den, x, grid, process=masked, cache=PrefixCache(), block_length=4)
     block = block_process(4)
     with pytest.raises(ValueError, match="decodes its own blocks"):

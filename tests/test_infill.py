@@ -17,7 +17,6 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, BlockProcess, GaussianProcess, MaskedProcess, fim
 from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
-from cdlm.samplers.base import sampler_name
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.gaussian import rolling
 from cdlm.sampling.choice import with_cache
@@ -84,12 +83,10 @@ def sampler_cases():
     prefix cache; the autoregressive baseline trained to fill in the middle, with and without
     its KV cache (without FIM it takes prompts only, see below)."""
     caches = {"prefix": PrefixCache(), "dual": DualCache()}
-    for name in sorted(p.stem for p in (config_dir() / "sampler").glob("*.yaml")):
-        for kind in SAMPLERS[sampler_name(make_sampler(name, {}))]:
+    for name, kinds in sorted(SAMPLERS.items()):
+        for kind in kinds:
             if name == "speculative":
                 continue  # prompts only (tests/test_speculative.py)
-            if name == "cached_ancestral" and kind == "block":
-                continue  # skip_unchanged is whole-canvas decoding: refused on a block model
             if kind in ("block", "autoregressive"):
                 yield name, kind, {}
                 yield name, kind, {"cache": None} if kind == "block" else {"use_cache": False}
@@ -97,7 +94,7 @@ def sampler_cases():
             yield name, kind, {}
             if kind == "masked":
                 yield name, kind, {"block_length": 8}
-                if name != "cached_ancestral":  # it skips calls, it has no KV cache
+                if name != "cached_ancestral":  # it has no KV cache
                     for cache in caches.values():
                         yield name, kind, {"block_length": 8, "cache": cache}
             if name in ("ddpm", "ddim"):

@@ -18,7 +18,7 @@ from cdlm.samplers.masked_steps import (
     step_threshold,
     step_topk,
 )
-from cdlm.samplers.rules import Ancestral, Confidence, EntropyBounded, Threshold
+from cdlm.samplers.rules import Ancestral, CachedAncestral, Confidence, EntropyBounded, Threshold
 from cdlm.sampling import named_sampler
 from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
 from cdlm.time_samplers import TimeSampler
@@ -26,7 +26,7 @@ from cdlm.time_samplers import TimeSampler
 MASK, EOS, V = 4, 3, 5  # toy vocabulary: 0, 1, 2, EOS=3, MASK=4
 # the masked samplers of conf/sampler: the one loop with each step rule
 sample_ancestral = functools.partial(sample_masked, rule=Ancestral())
-sample_cached_ancestral = functools.partial(sample_masked, rule=Ancestral(), skip_unchanged=True)
+sample_cached_ancestral = functools.partial(sample_masked, rule=CachedAncestral())
 sample_topk = functools.partial(sample_masked, rule=Confidence())
 sample_threshold = functools.partial(sample_masked, rule=Threshold())
 sample_entropy_bounded = functools.partial(sample_masked, rule=EntropyBounded())

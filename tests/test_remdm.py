@@ -237,6 +237,6 @@ def test_cdlm_sample_remdm_runs_on_masked_and_block_models(kind, request, tmp_pa
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sampler=masked" in out.stdout
+    assert "sampler=remdm" in out.stdout
     nfe = int(re.search(r"NFE=(\d+)", out.stdout).group(1))
     assert nfe == 8 if kind == "masked" else 0 < nfe <= 8  # one block: every step calls

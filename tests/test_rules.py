@@ -30,22 +30,35 @@ from cdlm.samplers import uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.masked import sample_masked
 from cdlm.samplers.remdm import ReMDM
-from cdlm.samplers.rules import Ancestral, Confidence, EntropyBounded, Rule, Threshold
+from cdlm.samplers.rules import (
+    Ancestral,
+    CachedAncestral,
+    Confidence,
+    EntropyBounded,
+    Rule,
+    Threshold,
+)
 
 STEPS, PROMPT = 8, 2  # the first PROMPT positions are given
 
 
 @dataclass(frozen=True)
 class Row:
-    """A rule class's variants, and the calls it may make beyond the step budget."""
+    """A rule class's variants, the calls it may make beyond the step budget, and the settings
+    it runs in (all but the ones its registered process kinds or its docstring rule out)."""
 
     variants: list[Rule]
     extra_nfe: int = 0
     ids: list[str] = field(default_factory=list)
+    settings: tuple[str, ...] = ()  # () : every setting
 
 
 ROWS: dict[str, Row] = {
     "cdlm.samplers.rules.Ancestral": Row([Ancestral()]),
+    # whole-canvas only: it skips calls instead of caching (refused elsewhere, by name)
+    "cdlm.samplers.rules.CachedAncestral": Row(
+        [CachedAncestral()], settings=("masked", "masked-blocks")
+    ),
     "cdlm.samplers.rules.Confidence": Row([Confidence()]),
     "cdlm.samplers.rules.Threshold": Row([Threshold(), Threshold(temperature=1.0)]),
     "cdlm.samplers.rules.EntropyBounded": Row([EntropyBounded(gamma=0.5)]),
@@ -110,7 +123,7 @@ CASES = [
     pytest.param(rule, row.extra_nfe, setting, id=f"{name.rsplit('.', 1)[1]}-{vid}-{setting}")
     for name, row in ROWS.items()
     for vid, rule in zip(row.ids or map(str, range(len(row.variants))), row.variants, strict=True)
-    for setting in SETTINGS
+    for setting in row.settings or SETTINGS
 ]
 
 

@@ -2,8 +2,8 @@
 
 ``CASES`` holds one row per sampler config (``conf/sampler/<name>.yaml``, as ``sampler=<name>``
 chooses it): the process kind it runs on, its options, and what it must count (network calls,
-callbacks) as exact rules. Several configs may target one registered function (the masked
-samplers are one loop with different step rules). Each test is parametrized over the whole
+callbacks) as exact rules. Several configs may target one function (the masked samplers are
+one loop with different step rules, each rule registered under its config's name). Each test is parametrized over the whole
 table, so a new sampler or config gets every check once it has a row, and
 ``test_every_sampler_config_has_a_case`` fails, naming it, until it does.
 
@@ -210,7 +210,6 @@ CASES: dict[str, Case] = {
     # loose tolerances and one interval keep the solve to a handful of calls
     "adaptive": Case("gaussian", dormand_prince, per_step, 1, {"rtol": 1e-2, "atol": 1e-2}),
     "ancestral": Case("masked", steps_until_decided, steps_until_decided),
-    "masked": Case("masked", steps_until_decided, steps_until_decided),  # = ancestral, generic
     # more steps than positions: some steps reveal nothing, and the next one skips its call
     "cached_ancestral": Case("masked", calls_after_a_change, steps_until_decided, steps=16),
     # ceil(open / steps_left) per step decides the canvas exactly at the last step when L >= steps.
@@ -244,7 +243,6 @@ VARIANTS: list[tuple[str, dict]] = [
     ("remdm", {"block_length": 4, "cache": PrefixCache()}),
     ("remdm", {"rule": ReMDM(schedule="conf")}),
     ("remdm", {"rule": ReMDM(schedule="loop", eta=0.1)}),
-    ("masked", {"rule": Threshold()}),
 ]
 
 
@@ -440,12 +438,13 @@ def test_every_sampler_config_has_a_case() -> None:
     missing, stale = sorted(set(configs()) - set(CASES)), sorted(set(CASES) - set(configs()))
     assert not missing, f"conf/sampler configs without a row in CASES: {missing}"
     assert not stale, f"rows in CASES for configs no longer in conf/sampler: {stale}"
-    chosen = {name: sampler_name(named_sampler(name)) for name in CASES}
-    unchosen = sorted(set(SAMPLERS) - set(chosen.values()))
+    named = {name: sampler_name(named_sampler(name)) for name in CASES}
+    misnamed = sorted(n for n, got in named.items() if got != n)
+    assert not misnamed, f"configs whose sampler is registered under another name: {misnamed}"
+    unchosen = sorted(set(SAMPLERS) - set(CASES))
     assert not unchosen, f"registered samplers that no conf/sampler config chooses: {unchosen}"
     for name, case in CASES.items():
-        kinds = SAMPLERS[chosen[name]]
-        assert case.kind in kinds, f"{name} ({chosen[name]}) is registered for {kinds}"
+        assert case.kind in SAMPLERS[name], f"{name} is registered for {SAMPLERS[name]}"
     assert set(GOLDEN) == set(CASES), (
         "add the new rows' golden samples: python tests/test_sampler_contract.py"
     )

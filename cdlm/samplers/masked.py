@@ -20,10 +20,9 @@ Options of both samplers:
 - ``steps_per_block``: with a cache or on a block model, the steps each block walks (default:
   the grid's steps shared out).
 
-And of ``sample_masked`` on a masked model only: ``block_length``, ``repeat_penalty`` (nats
-taken off each decided neighbour's token, ``penalise_repeats``) and ``skip_unchanged`` (MDLM's
-cached ancestral sampler, Sahoo et al. 2024, Sec. 3.4: reuse the last prediction while the
-canvas has not changed, exact for a time-free denoiser; same samples, fewer NFE).
+And of ``sample_masked`` on a masked model only: ``block_length`` and ``repeat_penalty`` (nats
+taken off each decided neighbour's token, ``penalise_repeats``). ``sample_masked`` is named by
+its rule (``sampler=threshold`` is it with ``rules.Threshold``), ``sample_block`` is ``block``.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import torch
 from torch import Tensor
 
 from cdlm.denoiser import Denoiser, Prediction
-from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
+from cdlm.samplers.base import Callback, SampleOutput, StepInfo, named_by_rule, register
 from cdlm.samplers.blockwise import BlockCache, Calls, DualCache, PrefixCache, check_cache
 from cdlm.samplers.masked_steps import (
     Interval,
@@ -49,10 +48,10 @@ EXACT_PREFIX = PrefixCache()  # block diffusion's default: its exact KV cache of
 
 class Whole:
     """Predictions over the whole canvas, one network call per step (none while the canvas is
-    unchanged, with ``skip_unchanged``)."""
+    unchanged, when the rule ``reuses`` predictions)."""
 
-    def __init__(self, denoiser: Denoiser, length: int, skip_unchanged: bool) -> None:
-        self.denoiser, self.skip_unchanged = denoiser, skip_unchanged
+    def __init__(self, denoiser: Denoiser, length: int, reuse: bool) -> None:
+        self.denoiser, self.reuse = denoiser, reuse
         self.net_len = denoiser.network_length(length)
         self.nfe, self.pred, self.seen = 0, None, None
 
@@ -62,7 +61,7 @@ class Whole:
 
     def __call__(self, x: Tensor, a: int, b: int, j: int, t: float) -> tuple[slice, Prediction]:
         """The canvas span the prediction covers (all of it) and the prediction."""
-        if not (self.skip_unchanged and self.seen is not None and torch.equal(x, self.seen)):
+        if not (self.reuse and self.seen is not None and torch.equal(x, self.seen)):
             tt = torch.full((x.shape[0],), t, device=x.device)
             self.pred, self.seen, self.nfe = self.denoiser(x, tt), x, self.nfe + 1
         return slice(None), self.pred
@@ -170,7 +169,7 @@ def check_block_cache(cache: BlockCache | None) -> None:
         )
 
 
-@register("masked", processes=("masked", "block"))
+@named_by_rule
 @torch.no_grad()
 def sample_masked(
     denoiser: Denoiser,
@@ -186,20 +185,20 @@ def sample_masked(
     repeat_penalty: float = 0.0,
     stop_at_eos: bool = True,
     cache: BlockCache | None = None,
-    skip_unchanged: bool = False,
 ) -> SampleOutput:
     """Masked diffusion decoding by the step ``rule`` (MDLM ancestral by default); on a block
     diffusion model, its blocks (``process.block_size``) against their exact past. Options: see
-    the module docstring. x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
+    the module docstring. It is named, and fits the process kinds, of its rule
+    (``named_by_rule``). x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
     check_rule(rule)
     check_cache(cache)
     if repeat_penalty < 0:
         raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
     if process.block_size is not None:
-        if block_length is not None or repeat_penalty or skip_unchanged:
+        if block_length is not None or repeat_penalty or rule.reuses:
             raise ValueError(
                 "a block diffusion model decodes its own blocks: sampler.block_length, "
-                "repeat_penalty and skip_unchanged apply to masked models only"
+                f"repeat_penalty and the {type(rule).__name__} rule apply to masked models only"
             )
         check_block_cache(cache)
         return _blockwise(
@@ -209,15 +208,16 @@ def sample_masked(
     if cache is None:
         blocks = blocks_of(x.shape[1], block_length)
         grid = timesteps if len(blocks) == 1 else block_grid(timesteps, len(blocks))
-        source = Whole(denoiser, x.shape[1], skip_unchanged)
+        source = Whole(denoiser, x.shape[1], rule.reuses)
         return decode(
             rule, source, x, grid, blocks, process, generator, callback, repeat_penalty,
             stop_at_eos,
         )  # fmt: skip
-    if block_length is None or repeat_penalty or skip_unchanged:
+    if block_length is None or repeat_penalty or rule.reuses:
         raise ValueError(
             f"cache={cache.name} caches around semi-autoregressive blocks: set "
-            "sampler.block_length (and no repeat_penalty or skip_unchanged)"
+            f"sampler.block_length (and no repeat_penalty; not with the {type(rule).__name__} "
+            "rule, which skips calls instead)"
         )
     return _blockwise(
         rule, denoiser, x, timesteps, process, generator, callback, block_length, cache,

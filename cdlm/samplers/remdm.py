@@ -35,7 +35,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from cdlm.samplers.base import sample_categorical
+from cdlm.samplers.base import register, sample_categorical
 from cdlm.samplers.masked_steps import Interval
 from cdlm.samplers.rules import Rule, Window
 
@@ -57,6 +57,7 @@ def sigma_max(alpha_t: float, alpha_s: float) -> float:
     return 1.0 if alpha_t <= 0 else min(1.0, (1.0 - alpha_s) / alpha_t)
 
 
+@register("remdm", processes=("masked", "block"))
 @dataclass(frozen=True)
 class ReMDM(Rule):
     """ReMDM (see the module docstring). schedule: cap | rescale | conf | loop; eta: the

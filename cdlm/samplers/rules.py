@@ -1,7 +1,8 @@
 """Step rules of masked decoding: what one step of the one loop (``cdlm.samplers.masked``)
 commits, remasks or leaves, as objects chosen by ``_target_`` (``sampler.rule``) with their
-options as fields. A new rule is one class here (or in its own module), one config in
-``conf/sampler/`` and one row in ``tests/test_rules.py``.
+options as fields. A new rule is one class here (or in its own module), registered under the
+sampler name it makes (``register``), one config in ``conf/sampler/`` and one row in
+``tests/test_rules.py``.
 
 A rule sees a ``Window`` of the canvas (the block being decoded, or the whole canvas) and
 returns its new tokens. Rules that only unmask leave every committed token as it is; a rule
@@ -19,6 +20,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from cdlm.samplers.base import register
 from cdlm.samplers.masked_steps import (
     Interval,
     check_gamma,
@@ -58,9 +60,12 @@ class Window:
 @dataclass(frozen=True)
 class Rule(ABC):
     """A step rule: ``step`` maps a window and the step's interval to the window's new tokens.
-    ``revises``: the rule may remask committed tokens, so the loop runs all its steps."""
+    ``revises``: the rule may remask committed tokens, so the loop runs all its steps.
+    ``reuses``: a step that changed nothing lets the next reuse the prediction (exact for a
+    time-free denoiser; whole-canvas decoding only)."""
 
     revises: ClassVar[bool] = False
+    reuses: ClassVar[bool] = False
 
     def memo(self, x: Tensor) -> Tensor | None:
         """The per-position memory (B, L) this rule keeps across steps; None: it keeps none."""
@@ -71,6 +76,7 @@ class Rule(ABC):
         """The window's tokens (B, W) after the step t -> s."""
 
 
+@register("ancestral", processes=("masked", "block"))
 @dataclass(frozen=True)
 class Ancestral(Rule):
     """MDLM ancestral sampling (Sahoo et al. 2024, eq. 7; ``step_ancestral``): each masked
@@ -83,6 +89,17 @@ class Ancestral(Rule):
         return step_ancestral(w.x, w.logp, w.open_, iv, generator, self.temperature)
 
 
+@register("cached_ancestral", processes=("masked",))
+@dataclass(frozen=True)
+class CachedAncestral(Ancestral):
+    """MDLM's cached ancestral sampler (Sahoo et al. 2024, Sec. 3.4): ancestral sampling that
+    skips the network while no token has changed, since a time-free denoiser would repeat its
+    prediction (the same samples, fewer NFE). Whole-canvas decoding: it has no KV cache."""
+
+    reuses: ClassVar[bool] = True
+
+
+@register("confidence", processes=("masked", "block"))
 @dataclass(frozen=True)
 class Confidence(Rule):
     """Low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5; ``step_topk``): each step
@@ -94,6 +111,7 @@ class Confidence(Rule):
         return step_topk(w.x, w.logp, w.open_, iv, generator, self.temperature)
 
 
+@register("threshold", processes=("masked", "block"))
 @dataclass(frozen=True)
 class Threshold(Rule):
     """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025; ``step_threshold``):
@@ -110,6 +128,7 @@ class Threshold(Rule):
         return step_threshold(w.x, w.logp, w.open_, iv, generator, self.temperature, self.threshold)
 
 
+@register("entropy_bounded", processes=("masked", "block"))
 @dataclass(frozen=True)
 class EntropyBounded(Rule):
     """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
@@ -132,6 +151,6 @@ def check_rule(rule: object) -> None:
     """A clear error for a ``rule`` that is not a ``Rule`` (e.g. a name or a step function)."""
     if not isinstance(rule, Rule):
         raise TypeError(
-            f"rule must be a step rule object (cdlm.samplers.rules.Ancestral, Confidence, "
-            f"Threshold, EntropyBounded or cdlm.samplers.remdm.ReMDM), got {rule!r}"
+            f"rule must be a step rule object (cdlm.samplers.rules.Ancestral, CachedAncestral, "
+            f"Confidence, Threshold, EntropyBounded or cdlm.samplers.remdm.ReMDM), got {rule!r}"
         )
