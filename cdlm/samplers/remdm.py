@@ -126,12 +126,7 @@ class ReMDM(Rule):
             share = scores.softmax(-1).nan_to_num(0.0)  # a row with nothing committed: 0
             sigma = share * sigma_max(alpha_t, alpha_s)
         else:
-            if self.schedule == "cap":
-                s = self.eta if alpha_t <= 0 else min(self.eta, (1 - alpha_s) / alpha_t)
-            elif self.schedule == "rescale":
-                s = self.eta * sigma_max(alpha_t, alpha_s)
-            else:
-                s = self.eta if self.looping(iv) else 0.0
+            s = SIGMAS[self.schedule](self, alpha_t, alpha_s, iv)
             sigma = torch.full(w.x.shape, s, dtype=torch.float64, device=w.x.device)
         unmask = (alpha_s - (1 - sigma) * alpha_t) / (1 - alpha_t)
         zero = torch.zeros_like(sigma)
@@ -151,3 +146,22 @@ class ReMDM(Rule):
             w.memo[unmask] = -drawn[unmask]
             w.memo[remask] = -torch.inf
         return x
+
+
+def _cap(rule: ReMDM, alpha_t: float, alpha_s: float, iv: Interval) -> float:
+    """ReMDM-cap: sigma_t = min(eta, (1 - alpha_s) / alpha_t) (eta where alpha_t = 0)."""
+    return rule.eta if alpha_t <= 0 else min(rule.eta, (1 - alpha_s) / alpha_t)
+
+
+def _rescale(rule: ReMDM, alpha_t: float, alpha_s: float, iv: Interval) -> float:
+    """ReMDM-rescale: sigma_t = eta * sigma_max."""
+    return rule.eta * sigma_max(alpha_t, alpha_s)
+
+
+def _loop(rule: ReMDM, alpha_t: float, alpha_s: float, iv: Interval) -> float:
+    """ReMDM-loop: eta inside the loop phase, 0 (ancestral) outside it."""
+    return rule.eta if rule.looping(iv) else 0.0
+
+
+# the position-independent sigma_t of each schedule (conf's is per position: ``probabilities``)
+SIGMAS = {"cap": _cap, "rescale": _rescale, "loop": _loop}

@@ -151,6 +151,6 @@ def check_rule(rule: object) -> None:
     """A clear error for a ``rule`` that is not a ``Rule`` (e.g. a name or a step function)."""
     if not isinstance(rule, Rule):
         raise TypeError(
-            f"rule must be a step rule object (cdlm.samplers.rules.Ancestral, CachedAncestral, "
-            f"Confidence, Threshold, EntropyBounded or cdlm.samplers.remdm.ReMDM), got {rule!r}"
+            f"rule must be a step rule object (a cdlm.samplers.rules.Rule, e.g. "
+            f"{{_target_: cdlm.samplers.rules.Threshold}}), got {rule!r}"
         )
