@@ -132,10 +132,12 @@ def measure(
     ckpt: str, process: str, config: tuple, args: argparse.Namespace, scorer, i: int
 ) -> dict:
     """The harness report of one (sampler, options, steps, temperature) config: temperature goes
-    to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler for
-    token processes, which refuse the process-level one. The bound on the first config only."""
+    to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler (a masked
+    sampler's step rule) for token processes, which refuse the process-level one. The bound on the first config only."""
     name, options, steps, temperature = config
-    token_t = {} if process == "gaussian" else {"temperature": temperature}
+    token_t = {"temperature": temperature}  # the AR sampler's; a masked sampler's rule's
+    if process != "autoregressive":
+        token_t = {} if process == "gaussian" else {"rule": token_t}
     return evaluate_checkpoint(
         ckpt,
         named_sampler(name, **options, **token_t),

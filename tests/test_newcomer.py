@@ -87,7 +87,7 @@ def test_whole_canvas_scoring_refuses_a_blocked_masked_sampler_that_stops_at_eos
 
 
 def test_a_report_can_store_any_sampler_options():
-    """The report's sampler options are JSON: a step function (the block sampler's default) and a
+    """The report's sampler options are JSON: a step rule (the block sampler's default) and a
     cache object by their ``_target_`` and fields (json.dumps raised on them)."""
     import json
 
@@ -95,7 +95,7 @@ def test_a_report_can_store_any_sampler_options():
     from cdlm.sampling import Choice, with_cache
 
     block = Choice(named_sampler("block"), 8).options
-    assert block["step"] == {"_target_": "cdlm.samplers.masked_steps.step_ancestral"}
+    assert block["rule"] == {"_target_": "cdlm.samplers.rules.Ancestral", "temperature": 1.0}
     cached = with_cache(named_sampler("ancestral", block_length=4), DualCache(refresh=2))
     options = json.loads(json.dumps(Choice(cached, 8).options))
     assert options["cache"] == {"_target_": "cdlm.samplers.blockwise.DualCache", "refresh": 2}
