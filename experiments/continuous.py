@@ -31,10 +31,10 @@ from omegaconf import OmegaConf
 from cdlm.evaluation.context import context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
-from cdlm.sampling import named_sampler
 
 RECIPES = [
     "today", "shared", "logit_normal", "gumbel", "xpred", "self_cond", "combined", "masked",

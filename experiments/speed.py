@@ -29,6 +29,7 @@ from cdlm.evaluation.guard_share import EntropyGuard, Guard, GuardedBlocks, Thre
 from cdlm.evaluation.harness import text_quality
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
+from cdlm.generation import Plan, decode, named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
@@ -36,7 +37,6 @@ from cdlm.regions import build_layout, prompt_template
 from cdlm.samplers import SAMPLERS
 from cdlm.samplers.masked_steps import blocks_of
 from cdlm.samplers.speculative import sample_speculative
-from cdlm.sampling import Plan, decode, named_sampler
 
 THRESHOLD = "cdlm.samplers.rules.Threshold"
 ENTROPY_BOUNDED = "cdlm.samplers.rules.EntropyBounded"

@@ -27,10 +27,10 @@ import torch
 from cdlm import worlds
 from cdlm.configs import compose
 from cdlm.evaluation.world_score import score_samples
+from cdlm.generation import Plan, named_sampler
+from cdlm.generation.generate import generate
 from cdlm.io import atomic_write_text
 from cdlm.model_file import oracle_model
-from cdlm.sampling import Plan, named_sampler
-from cdlm.sampling.generate import generate
 
 WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
 END = "<!-- end measured -->"  # prose after it survives regeneration

@@ -135,8 +135,8 @@ def generate_case(name: str) -> dict:
     """Runs one case through the sampling driver; returns what is pinned."""
     from conftest import draw_from
 
+    from cdlm.generation import named_sampler
     from cdlm.guidance import Guidance
-    from cdlm.sampling import named_sampler
 
     kind, sampler_name, sampler_options, labelled, options = CASES[name]
     dtype = torch.float64 if name in FLOAT64 else torch.float32  # as models load: float32

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cdlm.denoiser import NetworkDenoiser, Prediction
+from cdlm.generation import named_sampler
 from cdlm.processes.base import Corrupted
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.samplers import check_compatible, uniform_grid
@@ -19,7 +20,6 @@ from cdlm.samplers.masked_steps import (
     step_topk,
 )
 from cdlm.samplers.rules import Ancestral, CachedAncestral, Confidence, EntropyBounded, Threshold
-from cdlm.sampling import named_sampler
 from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
 from cdlm.time_samplers import TimeSampler
 

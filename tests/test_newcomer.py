@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Timer
 from cdlm.cli.eval import usage
 from cdlm.evaluation import quality
 from cdlm.evaluation.report import default_path as default_out
-from cdlm.sampling import check_whole_canvases, named_sampler, stops_at_eos
+from cdlm.generation import check_whole_canvases, named_sampler, stops_at_eos
 from cdlm.training.progress import BudgetProgressBar, budget
 
 
@@ -91,8 +91,8 @@ def test_a_report_can_store_any_sampler_options():
     cache object by their ``_target_`` and fields (json.dumps raised on them)."""
     import json
 
+    from cdlm.generation import Choice, with_cache
     from cdlm.samplers.blockwise import DualCache
-    from cdlm.sampling import Choice, with_cache
 
     block = Choice(named_sampler("block"), 8).options
     assert block["rule"] == {"_target_": "cdlm.samplers.rules.Ancestral", "temperature": 1.0}

@@ -8,7 +8,7 @@ table, so a new sampler or config gets every check once it has a row, and
 ``test_every_sampler_config_has_a_case`` fails, naming it, until it does.
 
 The network is a real tiny ``Transformer`` in float64 with a counting hook, built the way
-``cdlm.sampling.generate`` builds the denoiser (``process.conditioned_denoiser(network)``). The processes
+``cdlm.generation.generate`` builds the denoiser (``process.conditioned_denoiser(network)``). The processes
 are built without shifted prediction (no BOS prepended), so the positions the network sees
 per call are exactly the sequence length.
 
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from cdlm import config_dir
 from cdlm.denoiser import NetworkDenoiser, Prediction, Wrapper
+from cdlm.generation import named_sampler
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.block import BlockDenoiser, BlockProcess
@@ -44,7 +45,6 @@ from cdlm.samplers.base import sampler_name
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.remdm import ReMDM
 from cdlm.samplers.rules import Threshold
-from cdlm.sampling import named_sampler
 
 V, D = 12, 8  # vocabulary (EOS/BOS = 0, [MASK] = V - 1) and gaussian embedding width
 EOS, MASK = 0, V - 1
@@ -255,7 +255,7 @@ DenoiserFactory = Callable[[nn.Module, nn.Module, Tensor | None], Callable]
 
 
 def real(process: nn.Module, network: nn.Module, data: Tensor | None) -> Callable:
-    """The denoiser ``cdlm.sampling.generate`` gives a sampler (unguided, nothing held)."""
+    """The denoiser ``cdlm.generation.generate`` gives a sampler (unguided, nothing held)."""
     return process.sampling_denoiser(network)
 
 
@@ -266,7 +266,7 @@ def run(
     global_seed: int = 0,
     **options,
 ) -> Run:
-    """Runs sampler ``name`` as ``cdlm.sampling.generate`` would: prior and sampler share one generator.
+    """Runs sampler ``name`` as ``cdlm.generation.generate`` would: prior and sampler share one generator.
     ``global_seed`` reseeds torch's global stream just before sampling, which a sampler must not
     read (the factories reseed it too, so without this two runs could not tell)."""
     case = CASES[name]

@@ -18,14 +18,14 @@ from cdlm.evaluation.guard_share import (
 )
 from cdlm.evaluation.memory import PeakMemory, rss_reader
 from cdlm.evaluation.speed import measure, timed_run
+from cdlm.generation import Plan
+from cdlm.generation.inputs import read_layout
 from cdlm.model_file import load_model
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
 from cdlm.samplers.base import SampleOutput, StepInfo
 from cdlm.samplers.masked import sample_block, sample_masked
 from cdlm.samplers.rules import EntropyBounded, Threshold
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import read_layout
 from cdlm.schedules import LogLinearMaskSchedule
 
 MASK, V = 4, 5  # ids 0..3, [MASK] = 4

@@ -6,8 +6,8 @@ from __future__ import annotations
 import warnings
 
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
+from cdlm.generation import Plan, decode, generate, named_sampler, stops_at_eos
 from cdlm.model_file import Model
-from cdlm.sampling import Plan, decode, generate, named_sampler, stops_at_eos
 
 
 class RoundEval:

@@ -19,9 +19,9 @@ from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, sc
 from cdlm.evaluation.report import log_to_wandb, summary_markdown
 from cdlm.evaluation.speed import measure
 from cdlm.evaluation.world_score import world_of, world_sections, world_spec
+from cdlm.generation import Plan, check_whole_canvases, decode
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
-from cdlm.sampling import Plan, check_whole_canvases, decode
 
 
 def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer | None) -> dict:

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
+from cdlm.generation.plan import DEFAULT_STEPS
 from cdlm.samplers.base import sampler_name, unwrapped
-from cdlm.sampling.plan import DEFAULT_STEPS
 
 
 @dataclass(frozen=True)
