@@ -84,6 +84,10 @@ def test_whole_canvas_scoring_refuses_a_blocked_masked_sampler_that_stops_at_eos
             check_whole_canvases(blocked, cut_at_eos=False)
     check_whole_canvases(named_sampler("ancestral", block_length=4, stop_at_eos=False), False)
     assert not stops_at_eos(named_sampler("threshold"))  # one block: nothing after it
+    # on a block model a masked sampler decodes the model's own blocks
+    assert stops_at_eos(named_sampler("remdm"), block_size=4)
+    with pytest.raises(ValueError, match="sampler.stop_at_eos=false"):
+        check_whole_canvases(named_sampler("threshold"), False, block_size=4)
 
 
 def test_a_report_can_store_any_sampler_options():

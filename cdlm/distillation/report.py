@@ -33,7 +33,7 @@ class RoundEval:
         data = module.trainer.datamodule
         record = module.model_config["distillation"]
         options = record.get("sampler_options", {})  # e.g. a block student's steps per block
-        if stops_at_eos(named_sampler(record["sampler"], **options)):
+        if stops_at_eos(named_sampler(record["sampler"], **options), module.process.block_size):
             options = options | {"stop_at_eos": False}  # whole canvases are scored: no padding
         sampler = named_sampler(record["sampler"], **options)
         model = Model(module.process, module.network, data.tokenizer, module.model_config)
