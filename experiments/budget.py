@@ -30,10 +30,10 @@ from cdlm.evaluation.context import context_ceiling, context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.oracle import bigram_transition
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
-from cdlm.sampling import named_sampler
 
 # name -> stages: (share of the budget, cdlm-train overrides). A later stage starts from the
 # previous stage's model (init_from).

@@ -31,10 +31,10 @@ from omegaconf import OmegaConf
 from cdlm.evaluation.context import context_use
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
-from cdlm.sampling import named_sampler
 
 RECIPES = [
     "today", "shared", "logit_normal", "gumbel", "xpred", "self_cond", "combined", "masked",
@@ -132,10 +132,12 @@ def measure(
     ckpt: str, process: str, config: tuple, args: argparse.Namespace, scorer, i: int
 ) -> dict:
     """The harness report of one (sampler, options, steps, temperature) config: temperature goes
-    to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler for
-    token processes, which refuse the process-level one. The bound on the first config only."""
+    to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler (a masked
+    sampler's step rule) for token processes, which refuse the process-level one. The bound on the first config only."""
     name, options, steps, temperature = config
-    token_t = {} if process == "gaussian" else {"temperature": temperature}
+    token_t = {"temperature": temperature}  # the AR sampler's; a masked sampler's rule's
+    if process != "autoregressive":
+        token_t = {} if process == "gaussian" else {"rule": token_t}
     return evaluate_checkpoint(
         ckpt,
         named_sampler(name, **options, **token_t),

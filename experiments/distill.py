@@ -23,9 +23,9 @@ import torch
 
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.model_file import load_model
-from cdlm.sampling import named_sampler
 
 TEACHER_STEPS = (128, 64, 16, 8, 4, 2, 1)
 STUDENT_STEPS = (16, 8, 4, 2, 1)

@@ -18,8 +18,8 @@ import torch
 
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_write_text
-from cdlm.sampling import named_sampler
 
 
 def main() -> None:

@@ -37,12 +37,12 @@ from judge import fit_on_corpus
 
 from cdlm.data.corpus import BUNDLED
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
+from cdlm.generation import Plan, default_sampler, generate
 from cdlm.guidance import Guidance
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.model_file import load_model
 from cdlm.pretrained import smollm2_file
 from cdlm.samplers.base import sampler_name
-from cdlm.sampling import Plan, default_sampler, generate
 
 ROOT = Path("outputs/two_domains")
 SKIP_PARTS = ("test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages")

@@ -31,8 +31,8 @@ import torch
 from cdlm import hub, pretrained
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation import named_sampler
 from cdlm.io import atomic_write_text
-from cdlm.sampling import named_sampler
 
 BASE = "smollm2"
 # every sampler fills the whole canvas, so that all rows score the same number of tokens

@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from cdlm.evaluation import harness  # noqa: E402
 from cdlm.evaluation.quality import load_scorer  # noqa: E402
+from cdlm.generation import decode  # noqa: E402
 from cdlm.io import atomic_write_text  # noqa: E402
 from cdlm.likelihood.evaluate import validation_tokens  # noqa: E402
 from cdlm.model_file import load_model  # noqa: E402
@@ -48,7 +49,6 @@ from cdlm.samplers import (  # noqa: E402
     sample_euler_maruyama,
     sample_heun,
 )
-from cdlm.sampling import decode  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RUNS = [  # (label, sampler, grid, steps, options)

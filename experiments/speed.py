@@ -29,6 +29,7 @@ from cdlm.evaluation.guard_share import EntropyGuard, Guard, GuardedBlocks, Thre
 from cdlm.evaluation.harness import text_quality
 from cdlm.evaluation.quality import load_scorer
 from cdlm.evaluation.speed import measure
+from cdlm.generation import Plan, decode, named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
@@ -36,10 +37,9 @@ from cdlm.regions import build_layout, prompt_template
 from cdlm.samplers import SAMPLERS
 from cdlm.samplers.masked_steps import blocks_of
 from cdlm.samplers.speculative import sample_speculative
-from cdlm.sampling import Plan, decode, named_sampler
 
-THRESHOLD = "cdlm.samplers.masked_steps.step_threshold"
-ENTROPY_BOUNDED = "cdlm.samplers.masked_steps.step_entropy_bounded"
+THRESHOLD = "cdlm.samplers.rules.Threshold"
+ENTROPY_BOUNDED = "cdlm.samplers.rules.EntropyBounded"
 GUARDS = {THRESHOLD: ThresholdGuard, ENTROPY_BOUNDED: EntropyGuard}
 # A cap on the guarded rows' steps per block, not a cost: each step commits at least one token
 # and a decided block stops, so a block of 4 takes at most 4 network passes whatever the cap.
@@ -91,8 +91,8 @@ def guard_rows(key: str) -> list[Row]:
     ]
     rows = []
     for label, target, option, value, temperature in guards:
-        step = {"_target_": target, "_partial_": True, option: value}
-        options = {"step": step, "steps_per_block": GUARD_STEPS, "temperature": temperature}
+        rule = {"_target_": target, option: value, "temperature": temperature}
+        options = {"rule": rule, "steps_per_block": GUARD_STEPS}
         name = f"{key}, {label} {value}, T={temperature:g}, cache"
         rows.append(Row(name, key, "block", options, temperature, guard=GUARDS[target](value)))
     return rows
@@ -130,7 +130,7 @@ def masked_rows(args) -> list[Row]:
         options = {
             "block_length": args.masked_block,
             "cache": obj if cache != "none" else None,
-            "temperature": temperature,
+            "rule": {"temperature": temperature},
         }
         rows.append(
             Row(

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from cdlm.evaluation.quality import load_scorer
+from cdlm.generation.choice import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.model_file import load_model
-from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import constraints, correct, infill, suite
+from cdlm.tasks import constraint_kinds, correct, infill, suite
 from cdlm.tasks.base import named_task
 
 GREEDY = {  # process kind -> (sampler, options, steps) for the accuracy tasks
@@ -42,7 +42,7 @@ SETS = {  # a model set -> its tasks
     "code": ("infill", "constrain", "write"),
     "plan": ("plan",),
 }
-KINDS = {"austen": constraints.TEXT_KINDS, "code": constraints.CODE_KINDS}
+KINDS = {"austen": constraint_kinds.TEXT_KINDS, "code": constraint_kinds.CODE_KINDS}
 
 
 def task_plan(kind: str, group: str, args, scorer) -> list[tuple]:

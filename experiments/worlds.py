@@ -27,10 +27,10 @@ import torch
 from cdlm import worlds
 from cdlm.configs import compose
 from cdlm.evaluation.world_score import score_samples
+from cdlm.generation import Plan, named_sampler
+from cdlm.generation.generate import generate
 from cdlm.io import atomic_write_text
 from cdlm.model_file import oracle_model
-from cdlm.sampling import Plan, named_sampler
-from cdlm.sampling.generate import generate
 
 WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
 END = "<!-- end measured -->"  # prose after it survives regeneration
@@ -53,9 +53,9 @@ def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
     semi = length // 8
     return [
         ("MDLM ancestral", "masked", "ancestral", {}, None),
-        ("LLaDA low-confidence (T=1)", "masked", "confidence", {"temperature": 1.0}, None),
-        ("threshold 0.9 (T=1)", "masked", "threshold", {"temperature": 1.0}, None),
-        ("entropy-bounded (T=1)", "masked", "entropy_bounded", {"temperature": 1.0}, None),
+        ("LLaDA low-confidence (T=1)", "masked", "confidence", {"rule": {"temperature": 1.0}}, None),
+        ("threshold 0.9 (T=1)", "masked", "threshold", {"rule": {"temperature": 1.0}}, None),
+        ("entropy-bounded (T=1)", "masked", "entropy_bounded", {"rule": {"temperature": 1.0}}, None),
         (f"semi-AR ancestral, blocks of {semi}", "masked", "ancestral", {"block_length": semi},
          [s for s in steps_of(length) if s >= 8]),
         ("ancestral, blocks of 1 (left to right)", "masked", "ancestral", {"block_length": 1},

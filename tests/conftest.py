@@ -146,10 +146,10 @@ def tiny_fim_checkpoint(tmp_path_factory, tiny_corpus) -> Path:
 
 
 def draw(model, *, sampler=None, callback=None, **plan):
-    """``cdlm.sampling.generate`` on a loaded ``Model``: its process's default sampler (unless
+    """``cdlm.generation.generate`` on a loaded ``Model``: its process's default sampler (unless
     ``sampler``), its own sequence length (unless ``seq_len``), and a ``Plan`` of ``plan``
     (``temperature``/``clamp`` go to the plan's ``denoising``; ``guidance=None``: unguided)."""
-    from cdlm.sampling import Plan, default_sampler, generate
+    from cdlm.generation import Plan, default_sampler, generate
 
     for key in ("temperature", "clamp"):
         if key in plan:

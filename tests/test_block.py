@@ -13,23 +13,18 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.block import BlockProcess, vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
-from cdlm.samplers.blockwise import Calls, DualCache, PrefixCache, sample_block
-from cdlm.samplers.masked import (
-    sample_ancestral,
-    sample_cached_ancestral,
-    sample_entropy_bounded,
-    sample_threshold,
-    sample_topk,
-)
-from cdlm.samplers.masked_steps import (
-    Interval,
-    step_ancestral,
-    step_entropy_bounded,
-    step_threshold,
-)
+from cdlm.samplers.blockwise import Calls, DualCache, PrefixCache
+from cdlm.samplers.masked import sample_block, sample_masked
+from cdlm.samplers.masked_steps import Interval, step_entropy_bounded, step_threshold
+from cdlm.samplers.rules import Ancestral, CachedAncestral, Confidence, EntropyBounded, Threshold
 from cdlm.schedules import LogLinearMaskSchedule
 
 V, MASK, EOS = 12, 11, 0
+sample_ancestral = functools.partial(sample_masked, rule=Ancestral())
+sample_cached_ancestral = functools.partial(sample_masked, rule=CachedAncestral())
+sample_topk = functools.partial(sample_masked, rule=Confidence())
+sample_threshold = functools.partial(sample_masked, rule=Threshold())
+sample_entropy_bounded = functools.partial(sample_masked, rule=EntropyBounded())
 
 
 def network(process, n_layers: int = 2) -> Transformer:
@@ -132,8 +127,8 @@ def oracle(truth: torch.Tensor, process) -> Seeing:
     [
         {"cache": PrefixCache()},
         {"cache": None},
-        {"step": functools.partial(step_threshold, threshold=0.9)},
-        {"step": functools.partial(step_entropy_bounded, gamma=1.0)},
+        {"rule": Threshold(threshold=0.9)},
+        {"rule": EntropyBounded(gamma=1.0)},
         {"steps_per_block": 1},
         {"cache": None, "steps_per_block": 1},
     ],
@@ -286,7 +281,7 @@ def test_threshold_commits_at_least_one_and_never_changes_a_commit():
     x[:, :2] = 5
     logits = torch.randn(3, 8, V, generator=g, dtype=torch.float64) * 0.1
     logp = logits.index_fill(-1, torch.tensor([MASK]), -math.inf).log_softmax(-1)  # as SUBS
-    iv = Interval(t=1.0, s=0.5, steps_left=3, p_reveal=0.5)
+    iv = Interval(t=1.0, s=0.5, steps_left=3, p_reveal=0.5, keep_t=0.0, keep_s=0.5)
     new = step_threshold(x, logp, x == MASK, iv, g, threshold=0.99)
     assert torch.equal(new[:, :2], x[:, :2])
     assert bool(((new != MASK).sum(-1) >= 3).all())
@@ -310,27 +305,24 @@ def test_entropy_bounded_commits_the_surest_within_the_budget_and_never_changes_
     entropy = torch.special.entr(logp[0, 2:].exp()).sum(-1)
     assert entropy.argsort().tolist() == [0, 1, 2, 3]
     cum = entropy.cumsum(0) - entropy  # summed entropy less the largest, prefix by prefix
-    iv = Interval(t=1.0, s=0.5, steps_left=3, p_reveal=0.5)
+    iv = Interval(t=1.0, s=0.5, steps_left=3, p_reveal=0.5, keep_t=0.0, keep_s=0.5)
     for gamma, count in [(0.0, 2), (float(cum[2]) - 1e-9, 2), (float(cum[2]) + 1e-9, 3), (9, 4)]:
         g = torch.Generator().manual_seed(0)
         new = step_entropy_bounded(x, logp, x == MASK, iv, g, gamma=gamma)
         assert torch.equal(new[:, :2], x[:, :2])
         decided = (new[0, 2:] != MASK).tolist()
         assert decided == [True] * count + [False] * (4 - count), gamma
-    last = Interval(t=0.5, s=0.0, steps_left=1, p_reveal=1.0)
+    last = Interval(t=0.5, s=0.0, steps_left=1, p_reveal=1.0, keep_t=0.5, keep_s=1.0)
     assert bool((step_entropy_bounded(x, logp, x == MASK, last, g, gamma=0.0) != MASK).all())
 
 
 def test_sample_block_spells_out_its_options():
-    """The step's temperature, the cache and stop-at-EOS are in the signature with today's
-    defaults; a step's own option (threshold, gamma) goes on the step and is refused here."""
+    """The rule (ancestral at temperature 1), the cache and stop-at-EOS are in the signature
+    with today's defaults; a rule's own option (threshold, gamma) goes on the rule and is
+    refused here."""
     params = inspect.signature(sample_block).parameters
     assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    assert params["step"].default is step_ancestral
-    assert (
-        params["temperature"].default
-        == inspect.signature(step_ancestral).parameters["temperature"].default
-    )
+    assert params["rule"].default == Ancestral(temperature=1.0)
     assert params["cache"].default == PrefixCache() and params["stop_at_eos"].default is True
     process = block_process(4)
     x = process.prior((1, 8), torch.device("cpu"), None)
@@ -339,29 +331,33 @@ def test_sample_block_spells_out_its_options():
 
 
 @pytest.mark.parametrize(
-    ("step", "message"),
+    ("rule", "message"),
     [
-        (functools.partial(step_threshold, threshold=0.0), r"threshold must be in \(0, 1\]"),
-        (functools.partial(step_threshold, threshold=1.01), r"threshold must be in \(0, 1\]"),
-        (functools.partial(step_entropy_bounded, gamma=-1.0), "gamma must be >= 0"),
+        (functools.partial(Threshold, threshold=0.0), r"threshold must be in \(0, 1\]"),
+        (functools.partial(Threshold, threshold=1.01), r"threshold must be in \(0, 1\]"),
+        (functools.partial(EntropyBounded, gamma=-1.0), "gamma must be >= 0"),
     ],
     ids=["threshold_0", "threshold_above_1", "gamma_negative"],
 )
-def test_a_block_step_with_an_option_out_of_range_is_refused_before_any_call(step, message):
-    """The block sampler checks its step's bound options first (a bare 'math domain error' at
-    the first step for threshold 0 before); the step itself refuses them too."""
+def test_a_rule_with_an_option_out_of_range_is_refused_before_any_call(rule, message):
+    """The rule checks its options when it is built (a bare 'math domain error' at the first
+    step for threshold 0 before); the step function itself refuses them too, and the block
+    sampler refuses a step function where a rule object belongs."""
     process = block_process(4)
     x = process.prior((1, 8), torch.device("cpu"), None)
 
     def uncallable(*args, **kwargs):
-        raise AssertionError("the network was called before the step's options were checked")
+        raise AssertionError("the network was called before the rule's options were checked")
 
     with pytest.raises(ValueError, match=message):
-        sample_block(uncallable, x, uniform_grid(2), process=process, step=step)
+        rule()
+    with pytest.raises(TypeError, match="rule must be a step rule object"):
+        sample_block(uncallable, x, uniform_grid(2), process=process, rule=step_threshold)
     logp = torch.zeros(1, 8, V, dtype=torch.float64).log_softmax(-1)
-    iv = Interval(t=1.0, s=0.5, steps_left=2, p_reveal=0.5)
+    iv = Interval(t=1.0, s=0.5, steps_left=2, p_reveal=0.5, keep_t=0.0, keep_s=0.5)
+    step = step_threshold if rule.func is Threshold else step_entropy_bounded
     with pytest.raises(ValueError, match=message):
-        step(x, logp, x == MASK, iv, None)
+        step(x, logp, x == MASK, iv, None, **rule.keywords)
 
 
 def test_cache_choices_that_do_not_fit_are_refused():
@@ -383,8 +379,11 @@ def test_cache_choices_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="repeat_penalty"):
         sample_topk(den, x, grid, process=masked, cache=PrefixCache(), block_length=4,
                     repeat_penalty=0.5)  # fmt: skip
-    with pytest.raises(TypeError, match="cache"):  # it has no KV cache to choose
+    with pytest.raises(ValueError, match="CachedAncestral"):  # it has no KV cache to choose
         sample_cached_ancestral(den, x, grid, process=masked, cache=PrefixCache(), block_length=4)
+    block = block_process(4)
+    with pytest.raises(ValueError, match="decodes its own blocks"):
+        sample_masked(den, x, grid, process=block, block_length=4)
 
 
 @pytest.mark.parametrize(

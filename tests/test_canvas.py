@@ -14,9 +14,9 @@ from conftest import draw_from, run_main
 
 from cdlm.canvas import LiveCanvas, Recorder, render, save
 from cdlm.canvas.terminal import Pieces
+from cdlm.generation import named_sampler
 from cdlm.model_file import load_model
 from cdlm.regions import build_layout, prompt_template
-from cdlm.sampling import named_sampler
 
 SAMPLERS = {
     "tiny_checkpoint": "ddpm",

@@ -8,9 +8,9 @@ import pytest
 
 from cdlm.cli.sample import layout_of, validate
 from cdlm.configs import compose_checked
+from cdlm.generation.inputs import read_layout
 from cdlm.model_file import load_model
 from cdlm.regions import parse_template
-from cdlm.sampling.inputs import read_layout
 from cdlm.validation import UsageError
 from tests.conftest import run_main
 

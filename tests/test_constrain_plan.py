@@ -12,11 +12,11 @@ from torch import nn
 
 from cdlm.data.corpus import Document, load_documents
 from cdlm.data.tokenizer import corpus_bpe
+from cdlm.generation.choice import named_sampler
 from cdlm.io import atomic_write_text
 from cdlm.model_file import Model
 from cdlm.processes import MaskedProcess
-from cdlm.sampling.choice import named_sampler
-from cdlm.tasks import constrain, constraints, plan
+from cdlm.tasks import constrain, constraint_kinds, games
 from cdlm.tasks.passages import WORD, held_out, lay_out
 from tests.conftest import TINY_TRAIN, run_main
 
@@ -59,39 +59,44 @@ def test_text_constraints_accept_and_refuse_hand_built_fills(tok):
     p = lay_out(
         tok, words("Then Anne said. It was so very late by then that night. She went home.")
     )
-    case = constraints._end_with(p)
+    case = constraint_kinds._end_with(p)
     assert case is not None and p.words[case.end - 1] == " night."
-    assert constraints.accepted(case, p.ids, tok)
+    assert constraint_kinds.accepted(case, p.ids, tok)
     early = list(p.ids)  # a fill that closes its sentence before "night."
     a, b = p.spans[min(case.blank)]
     early[a:b] = tok(".")["input_ids"] * (b - a)
-    assert not constraints.accepted(case, early, tok)
+    assert not constraint_kinds.accepted(case, early, tok)
     p = lay_out(tok, words("Then Anne said it was late. She went home and Anne slept well."))
-    case = constraints._name_twice(p)
+    case = constraint_kinds._name_twice(p)
     assert case is not None and {p.words[i] for i in case.blank} == {" Anne"}
-    assert constraints.accepted(case, p.ids, tok)
+    assert constraint_kinds.accepted(case, p.ids, tok)
     ids = list(p.ids)
     a, b = p.spans[max(case.blank)]
     ids[a:b] = lay_out(tok, [" Emma"]).ids if len(lay_out(tok, [" Emma"]).ids) == b - a else [0]
-    assert not constraints.accepted(case, ids, tok)  # the two places disagree
-    case = constraints._sentences(lay_out(tok, words("Oh. Mr. Knightley came. Emma smiled. Then.")))
+    assert not constraint_kinds.accepted(case, ids, tok)  # the two places disagree
+    case = constraint_kinds._sentences(
+        lay_out(tok, words("Oh. Mr. Knightley came. Emma smiled. Then."))
+    )
     assert case is not None and case.count == 2  # "Mr." ends no sentence
-    assert constraints.sentence_ends("Mr. Elton came. Harriet cried! Mrs. Goddard?") == 3
+    assert constraint_kinds.sentence_ends("Mr. Elton came. Harriet cried! Mrs. Goddard?") == 3
 
 
 def test_code_constraints_check_syntax_and_the_shared_identifier(tok):
     lines = ["def f(total, step):", "    value = total + step", "    return value * value", "x"]
     p = lay_out(tok, words("\n".join(lines)))
-    case = constraints._code_line(p)
-    assert case is not None and constraints.accepted(case, p.ids, tok)
+    case = constraint_kinds._code_line(p)
+    assert case is not None and constraint_kinds.accepted(case, p.ids, tok)
     broken = list(p.ids)
     a, b = p.spans[max(case.blank)]
     broken[a:b] = lay_out(tok, [" ("]).ids * (b - a)
-    assert not constraints.accepted(case, broken, tok)
-    case = constraints._code_name(p)
+    assert not constraint_kinds.accepted(case, broken, tok)
+    case = constraint_kinds._code_name(p)
     assert case is not None and {p.words[i].strip() for i in case.blank} == {"value"}
-    assert constraints.accepted(case, p.ids, tok)
-    assert constraints._code_line(lay_out(tok, words('x\n    """A docstring line."""\ny'))) is None
+    assert constraint_kinds.accepted(case, p.ids, tok)
+    assert (
+        constraint_kinds._code_line(lay_out(tok, words('x\n    """A docstring line."""\ny')))
+        is None
+    )
 
 
 def test_an_oracle_meets_every_text_constraint(tok, tiny_corpus):
@@ -99,7 +104,7 @@ def test_an_oracle_meets_every_text_constraint(tok, tiny_corpus):
     passages = held_out(bare, 12, L - 4, seed=1, data_path=str(tiny_corpus))
     model = oracle_model(tok, [p.ids for p in passages], L)
     rows = constrain.run(model, named_sampler("confidence"), passages, steps=4, seed=0, scorer=None)
-    assert {r["kind"] for r in rows} <= set(constraints.TEXT_KINDS) and rows
+    assert {r["kind"] for r in rows} <= set(constraint_kinds.TEXT_KINDS) and rows
     for r in rows:
         assert r["acceptance"] == r["matches_original"] == 1.0, r
         assert r["cases"] >= 1 and r["nfe"] >= 1
@@ -108,38 +113,38 @@ def test_an_oracle_meets_every_text_constraint(tok, tiny_corpus):
 
 
 def test_generated_puzzles_are_distinct_seeded_and_solved_by_their_answers():
-    for game in plan.GAMES:
-        lines = plan.corpus(game, 50, seed=4)
-        assert len(set(lines)) == 50 and lines == plan.corpus(game, 50, seed=4)
+    for game in games.GAMES:
+        lines = games.corpus(game, 50, seed=4)
+        assert len(set(lines)) == 50 and lines == games.corpus(game, 50, seed=4)
         for line in lines:
-            p = plan.parse(line)
-            assert p.game == game and plan.solved(p, p.answer)
+            p = games.parse(line)
+            assert p.game == game and games.solved(p, p.answer)
     with pytest.raises(ValueError, match="unknown plan game"):
-        plan.corpus("chess", 1, 0)
+        games.corpus("chess", 1, 0)
 
 
 def test_plan_checkers_refuse_wrong_answers():
-    p = plan.sudoku(random.Random(0))
+    p = games.sudoku(random.Random(0))
     digits = p.answer.split()
     swapped = [digits[1], digits[0], *digits[2:]]
-    assert digits[0] == digits[1] or not plan.solved(p, " " + " ".join(swapped))
-    assert not plan.solved(p, " " + " ".join(digits[:-1]))  # a blank left
-    assert not plan.solved(p, " " + " ".join(["0", *digits[1:]]))
-    p = plan.parse("3 5 2 6 > 22 : 3+5=8 , 8*2=16 , 16+6=22")
-    assert plan.solved(p, p.answer)
-    assert plan.solved(p, " 6*3=18 , 18+2=20 , 20+5=25") is False  # misses the target
-    assert not plan.solved(p, " 3+5=8 , 8*2=16 , 16+5=21")  # 5 used twice
-    assert not plan.solved(p, " 3+5=9 , 9*2=18 , 18+4=22")  # wrong arithmetic
-    assert not plan.solved(p, " 3+5=8 , 8*2=16")  # 6 unused
-    assert not plan.solved(p, " 5-6=1 , 1*3=3 , 3*2=6")  # no negative steps
+    assert digits[0] == digits[1] or not games.solved(p, " " + " ".join(swapped))
+    assert not games.solved(p, " " + " ".join(digits[:-1]))  # a blank left
+    assert not games.solved(p, " " + " ".join(["0", *digits[1:]]))
+    p = games.parse("3 5 2 6 > 22 : 3+5=8 , 8*2=16 , 16+6=22")
+    assert games.solved(p, p.answer)
+    assert games.solved(p, " 6*3=18 , 18+2=20 , 20+5=25") is False  # misses the target
+    assert not games.solved(p, " 3+5=8 , 8*2=16 , 16+5=21")  # 5 used twice
+    assert not games.solved(p, " 3+5=9 , 9*2=18 , 18+4=22")  # wrong arithmetic
+    assert not games.solved(p, " 3+5=8 , 8*2=16")  # 6 unused
+    assert not games.solved(p, " 5-6=1 , 1*3=3 , 3*2=6")  # no negative steps
     with pytest.raises(ValueError, match="neither a Sudoku nor a Countdown"):
-        plan.parse("It is a truth universally acknowledged")
+        games.parse("It is a truth universally acknowledged")
 
 
 @pytest.fixture(scope="module")
 def puzzles(tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "plan.txt"
-    lines = plan.corpus("sudoku", 60, 0) + plan.corpus("countdown", 60, 0)
+    lines = games.corpus("sudoku", 60, 0) + games.corpus("countdown", 60, 0)
     random.Random(0).shuffle(lines)
     atomic_write_text(path, "\n\n".join(lines) + "\n")
     return path
@@ -149,10 +154,10 @@ def test_an_oracle_solves_every_held_out_puzzle_of_both_games(puzzles):
     tok = corpus_bpe([Document(puzzles.read_text(), "plan")], vocab_size=300)
     truths = [tok(line)["input_ids"] for line in puzzles.read_text().split("\n\n")]
     model = oracle_model(tok, truths, 128)
-    held = plan.held_out(model, 10, seed=0, data_path=str(puzzles), val_fraction=0.1)
+    held = games.held_out(model, 10, seed=0, data_path=str(puzzles), val_fraction=0.1)
     assert len(held) == 10 and all(line in puzzles.read_text() for line in (p.line for p in held))
-    rows = plan.run(model, named_sampler("confidence"), held, steps=8, seed=0)
-    assert {r["game"] for r in rows} <= set(plan.GAMES)
+    rows = games.run(model, named_sampler("confidence"), held, steps=8, seed=0)
+    assert {r["game"] for r in rows} <= set(games.GAMES)
     assert sum(r["cases"] for r in rows) == 10
     assert all(r["solve_rate"] == 1.0 and r["nfe"] >= 1 for r in rows), rows
 

@@ -289,7 +289,7 @@ def test_self_cond_guidance_counts_both_passes_in_nfe():
     from test_sampler_contract import Spy as Counter
     from test_sampler_contract import make_network, make_process
 
-    from cdlm.sampling import named_sampler
+    from cdlm.generation import named_sampler
 
     process = make_process("gaussian").float()
     network = make_network(process).float()

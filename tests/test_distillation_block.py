@@ -15,10 +15,10 @@ from cdlm.distillation.methods import SDTT
 from cdlm.distillation.module import Distillation, student_of
 from cdlm.distillation.report import RoundEval
 from cdlm.distillation.targets import sdtt_target
+from cdlm.generation import choose
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.base import Corrupted
 from cdlm.processes.block import BlockProcess
-from cdlm.sampling import choose
 
 V, MASK, START = 5, 5, 6  # tokens 0..4, [MASK] = 5; START: the "past" of the first block
 BLOCK, LENGTH = 2, 4

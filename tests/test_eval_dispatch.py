@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 import cdlm.cli.eval  # noqa: F401  every module cdlm-eval uses, imported before the spies go in
 from cdlm import config_dir
 from cdlm.evaluation.metric import Loaded, Measured
+from cdlm.generation import choose
 from cdlm.model_file import load_model
-from cdlm.sampling import choose
 
 METRICS = sorted(p.stem for p in (config_dir() / "metric").glob("*.yaml"))
 CALLS: list[tuple] = []

@@ -78,7 +78,7 @@ CASES: dict[str, tuple] = {
     "masked_threshold_blocks": (
         "masked",
         "threshold",
-        {"block_length": 4, "temperature": 1.0},
+        {"block_length": 4, "rule": {"temperature": 1.0}},
         False,
         {"steps": 6},
     ),
@@ -88,7 +88,7 @@ CASES: dict[str, tuple] = {
         {
             "block_length": 4,
             "cache": {"_target_": "cdlm.samplers.blockwise.DualCache"},
-            "temperature": 1.0,
+            "rule": {"temperature": 1.0},
         },
         False,
         {"canvas": INFILL},
@@ -99,7 +99,7 @@ CASES: dict[str, tuple] = {
         {
             "block_length": 4,
             "cache": {"_target_": "cdlm.samplers.blockwise.PrefixCache"},
-            "temperature": 1.0,
+            "rule": {"temperature": 1.0},
         },
         False,
         {},
@@ -117,7 +117,7 @@ CASES: dict[str, tuple] = {
         "block",
         {
             "cache": None,
-            "step": {"_target_": "cdlm.samplers.masked_steps.step_threshold", "_partial_": True},
+            "rule": {"_target_": "cdlm.samplers.rules.Threshold"},
         },
         False,
         {},
@@ -135,8 +135,8 @@ def generate_case(name: str) -> dict:
     """Runs one case through the sampling driver; returns what is pinned."""
     from conftest import draw_from
 
+    from cdlm.generation import named_sampler
     from cdlm.guidance import Guidance
-    from cdlm.sampling import named_sampler
 
     kind, sampler_name, sampler_options, labelled, options = CASES[name]
     dtype = torch.float64 if name in FLOAT64 else torch.float32  # as models load: float32

@@ -15,7 +15,7 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, GaussianProcess, MaskedProcess
 from cdlm.samplers.autoregressive import sample_ar
 from cdlm.samplers.gaussian import sample_ddpm
-from cdlm.samplers.masked import sample_ancestral
+from cdlm.samplers.masked import sample_masked
 
 V, L, CLASSES = 12, 6, 3
 
@@ -111,7 +111,7 @@ class Tok:
 
 CASES = [
     ("gaussian", lambda: GaussianProcess(V, embed_dim=4), sample_ddpm),
-    ("masked", lambda: MaskedProcess(V, mask_id=V - 1, eos_id=1), sample_ancestral),
+    ("masked", lambda: MaskedProcess(V, mask_id=V - 1, eos_id=1), sample_masked),  # ancestral
     ("autoregressive", lambda: AutoregressiveProcess(V, bos_id=1), sample_ar),
 ]
 

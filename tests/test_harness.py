@@ -12,9 +12,9 @@ from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import Scorer
 from cdlm.evaluation.report import compare_markdown, summary_markdown
 from cdlm.evaluation.speed import spread
+from cdlm.generation import named_sampler
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
-from cdlm.sampling import named_sampler
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def test_a_prompted_run_counts_only_the_tokens_it_generated(tiny_masked_checkpoi
     """tokens/s counts what the sampler wrote: a prompt's fixed positions are not final
     tokens (they made every prompt row of the speed table about 1.25x too fast)."""
     from cdlm.evaluation.speed import timed_run
-    from cdlm.sampling import Plan
-    from cdlm.sampling.inputs import read_layout
+    from cdlm.generation import Plan
+    from cdlm.generation.inputs import read_layout
 
     model = load_model(str(tiny_masked_checkpoint))
     layout = read_layout(model, 16, prompt="the cat")  # its continuation fills the canvas

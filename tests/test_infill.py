@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from cdlm import config_dir
 from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
+from cdlm.generation.choice import with_cache
 from cdlm.guidance import Guidance
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import (
@@ -26,7 +27,6 @@ from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.gaussian import rolling
-from cdlm.sampling.choice import with_cache
 
 L = 56  # the networks' training length; every canvas here is shorter
 TEMPLATE = "It was [[3]] the morning, and [[some doubt]] remained [[2]] at Kellynch."

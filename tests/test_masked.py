@@ -1,5 +1,6 @@
 """Masked diffusion: the ELBO by hand, and every masked sampler against an oracle."""
 
+import functools
 import inspect
 import math
 
@@ -7,26 +8,28 @@ import pytest
 import torch
 
 from cdlm.denoiser import NetworkDenoiser, Prediction
+from cdlm.generation import named_sampler
 from cdlm.processes.base import Corrupted
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.samplers import check_compatible, uniform_grid
-from cdlm.samplers.masked import (
-    sample_ancestral,
-    sample_cached_ancestral,
-    sample_entropy_bounded,
-    sample_threshold,
-    sample_topk,
-)
+from cdlm.samplers.masked import sample_masked
 from cdlm.samplers.masked_steps import (
     step_ancestral,
     step_entropy_bounded,
     step_threshold,
     step_topk,
 )
+from cdlm.samplers.rules import Ancestral, CachedAncestral, Confidence, EntropyBounded, Threshold
 from cdlm.schedules import CosineMaskSchedule, CosineSchedule, LogLinearMaskSchedule
 from cdlm.time_samplers import TimeSampler
 
 MASK, EOS, V = 4, 3, 5  # toy vocabulary: 0, 1, 2, EOS=3, MASK=4
+# the masked samplers of conf/sampler: the one loop with each step rule
+sample_ancestral = functools.partial(sample_masked, rule=Ancestral())
+sample_cached_ancestral = functools.partial(sample_masked, rule=CachedAncestral())
+sample_topk = functools.partial(sample_masked, rule=Confidence())
+sample_threshold = functools.partial(sample_masked, rule=Threshold())
+sample_entropy_bounded = functools.partial(sample_masked, rule=EntropyBounded())
 MASKED_SAMPLERS = [sample_ancestral, sample_cached_ancestral, sample_topk, sample_threshold]
 
 
@@ -226,7 +229,9 @@ def test_threshold_commits_at_least_one_per_step_and_confident_ones_at_once():
     data = torch.randint(0, 3, (1, 10))
     out, states = run(sample_threshold, Oracle(data), shape=(1, 10), steps=10)
     assert out.nfe == 1  # the oracle is sure of everything: one parallel step
-    _, states = run(sample_threshold, Random(), shape=(1, 10), steps=10, threshold=0.999)
+    _, states = run(
+        sample_masked, Random(), shape=(1, 10), steps=10, rule=Threshold(threshold=0.999)
+    )
     masks = [int((s.x == MASK).sum()) for s in states]
     assert all(b < a for a, b in zip([10, *masks], masks, strict=False))
 
@@ -254,29 +259,62 @@ def test_repeat_penalty_lowers_decided_neighbours_tokens_only():
 
 
 @pytest.mark.parametrize(
-    ("sampler", "step", "own"),
+    ("rule", "step", "own"),
     [
-        (sample_ancestral, step_ancestral, ["temperature"]),
-        (sample_cached_ancestral, step_ancestral, ["temperature"]),
-        (sample_topk, step_topk, ["temperature"]),
-        (sample_threshold, step_threshold, ["temperature", "threshold"]),
-        (sample_entropy_bounded, step_entropy_bounded, ["temperature", "gamma"]),
+        (Ancestral, step_ancestral, ["temperature"]),
+        (Confidence, step_topk, ["temperature"]),
+        (Threshold, step_threshold, ["temperature", "threshold"]),
+        (EntropyBounded, step_entropy_bounded, ["temperature", "gamma"]),
     ],
 )
-def test_every_option_is_in_the_signature(sampler, step, own):
+def test_every_option_is_in_the_signature(rule, step, own):
     """Nothing hides in ``**options`` (Hydra, ``stops_at_eos`` and readers see every option):
-    the step's own options default as the step does, the shared ones as before, and a
+    a rule's options default as its step does, the sampler's shared ones as before, and a
     misspelt option is refused by name."""
-    params = inspect.signature(sampler).parameters
+    params = inspect.signature(sample_masked).parameters
     assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     step_params = inspect.signature(step).parameters
-    assert {n: params[n].default for n in own} == {n: step_params[n].default for n in own}
-    shared = {"block_length": None, "repeat_penalty": 0.0, "stop_at_eos": True}
+    fields = inspect.signature(rule).parameters
+    assert {n: fields[n].default for n in own} == {n: step_params[n].default for n in own}
+    shared = {"block_length": None, "repeat_penalty": 0.0, "stop_at_eos": True, "cache": None}
     assert {n: params[n].default for n in shared} == shared
-    assert ("cache" in params) is (sampler is not sample_cached_ancestral)
     process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS)
     with pytest.raises(TypeError, match="tempreature"):
-        sampler(None, torch.full((1, 4), MASK), uniform_grid(2), process=process, tempreature=1)
+        sample_masked(
+            None, torch.full((1, 4), MASK), uniform_grid(2), process=process, tempreature=1
+        )
+    with pytest.raises(TypeError, match="tempreature"):
+        rule(tempreature=1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "bad", "message"),
+    [
+        ("threshold", "threshold", 0.0, r"threshold must be in \(0, 1\]"),
+        ("threshold", "threshold", -0.5, r"threshold must be in \(0, 1\]"),
+        ("threshold", "threshold", 1.5, r"threshold must be in \(0, 1\]"),
+        ("threshold", "threshold", math.nan, r"threshold must be in \(0, 1\]"),
+        ("entropy_bounded", "gamma", -0.1, "gamma must be >= 0"),
+        ("entropy_bounded", "gamma", math.nan, "gamma must be >= 0"),
+    ],
+)
+def test_guard_options_out_of_range_are_refused_at_config_time(name, option, bad, message):
+    """tau = 0 was a bare 'math domain error' from log(0) at the first step; now the rule names
+    the option and its range when the config is built (``sampler.rule.<option>``), before any
+    network call."""
+    with pytest.raises(Exception, match=message):
+        named_sampler(name, rule={option: bad})
+
+
+def test_a_rule_must_be_a_rule_object_and_options_must_fit():
+    """A step function or a name where a rule object belongs, and options that do not fit the
+    canvas, fail before any network call with what to give instead."""
+    process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS)
+    x, grid = torch.full((1, 8), MASK), uniform_grid(2)
+    with pytest.raises(TypeError, match="rule must be a step rule object"):
+        sample_masked(Uncallable(), x, grid, process=process, rule=step_threshold)
+    with pytest.raises(ValueError, match="repeat_penalty must be >= 0"):
+        sample_masked(Uncallable(), x, grid, process=process, repeat_penalty=-1.0)
 
 
 class Uncallable:
@@ -286,33 +324,9 @@ class Uncallable:
         raise AssertionError("the network was called before the options were checked")
 
 
-@pytest.mark.parametrize(
-    ("sampler", "option", "bad", "message"),
-    [
-        (sample_threshold, "threshold", 0.0, r"threshold must be in \(0, 1\]"),
-        (sample_threshold, "threshold", -0.5, r"threshold must be in \(0, 1\]"),
-        (sample_threshold, "threshold", 1.5, r"threshold must be in \(0, 1\]"),
-        (sample_threshold, "threshold", math.nan, r"threshold must be in \(0, 1\]"),
-        (sample_entropy_bounded, "gamma", -0.1, "gamma must be >= 0"),
-        (sample_entropy_bounded, "gamma", math.nan, "gamma must be >= 0"),
-    ],
-)
-@pytest.mark.parametrize("block_length", [None, 4])
-def test_guard_options_out_of_range_are_refused_before_any_call(
-    sampler, option, bad, message, block_length
-):
-    """tau = 0 was a bare 'math domain error' from log(0) at the first step; now every masked
-    sampler (whole canvas or cached blocks) names the option and its range before it runs."""
-    from cdlm.samplers.blockwise import DualCache
-
-    cache = DualCache() if block_length else None
-    with pytest.raises(ValueError, match=message):
-        run(sampler, Uncallable(), block_length=block_length, cache=cache, **{option: bad})
-
-
 def test_guard_options_at_their_bounds_are_accepted():
     data = torch.randint(0, 3, (2, 8))
-    out, _ = run(sample_threshold, Oracle(data), shape=(2, 8), threshold=1.0)
+    out, _ = run(sample_masked, Oracle(data), shape=(2, 8), rule=Threshold(threshold=1.0))
     assert torch.equal(out.tokens, data)
-    out, _ = run(sample_entropy_bounded, Oracle(data), shape=(2, 8), gamma=0.0)
+    out, _ = run(sample_masked, Oracle(data), shape=(2, 8), rule=EntropyBounded(gamma=0.0))
     assert torch.equal(out.tokens, data)

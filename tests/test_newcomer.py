@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Timer
 from cdlm.cli.eval import usage
 from cdlm.evaluation import quality
 from cdlm.evaluation.report import default_path as default_out
-from cdlm.sampling import check_whole_canvases, named_sampler, stops_at_eos
+from cdlm.generation import check_whole_canvases, named_sampler, stops_at_eos
 from cdlm.training.progress import BudgetProgressBar, budget
 
 
@@ -84,18 +84,22 @@ def test_whole_canvas_scoring_refuses_a_blocked_masked_sampler_that_stops_at_eos
             check_whole_canvases(blocked, cut_at_eos=False)
     check_whole_canvases(named_sampler("ancestral", block_length=4, stop_at_eos=False), False)
     assert not stops_at_eos(named_sampler("threshold"))  # one block: nothing after it
+    # on a block model a masked sampler decodes the model's own blocks
+    assert stops_at_eos(named_sampler("remdm"), block_size=4)
+    with pytest.raises(ValueError, match="sampler.stop_at_eos=false"):
+        check_whole_canvases(named_sampler("threshold"), False, block_size=4)
 
 
 def test_a_report_can_store_any_sampler_options():
-    """The report's sampler options are JSON: a step function (the block sampler's default) and a
+    """The report's sampler options are JSON: a step rule (the block sampler's default) and a
     cache object by their ``_target_`` and fields (json.dumps raised on them)."""
     import json
 
+    from cdlm.generation import Choice, with_cache
     from cdlm.samplers.blockwise import DualCache
-    from cdlm.sampling import Choice, with_cache
 
     block = Choice(named_sampler("block"), 8).options
-    assert block["step"] == {"_target_": "cdlm.samplers.masked_steps.step_ancestral"}
+    assert block["rule"] == {"_target_": "cdlm.samplers.rules.Ancestral", "temperature": 1.0}
     cached = with_cache(named_sampler("ancestral", block_length=4), DualCache(refresh=2))
     options = json.loads(json.dumps(Choice(cached, 8).options))
     assert options["cache"] == {"_target_": "cdlm.samplers.blockwise.DualCache", "refresh": 2}

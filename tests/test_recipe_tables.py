@@ -150,7 +150,7 @@ def test_a_temperature_goes_to_the_x0_softmax_for_gaussian_and_to_the_token_samp
     if kind == "gaussian":
         assert sampler["temperature"] == 0.8 and sampler["options"].get("temperature", 1.0) == 1.0
     else:
-        assert sampler["temperature"] == 1.0 and sampler["options"]["temperature"] == 0.8
+        assert sampler["temperature"] == 1.0 and sampler["options"]["rule"]["temperature"] == 0.8
 
 
 def test_a_seed_replicate_is_its_own_section_and_leaves_seed_0_rows_standing(tmp_path):

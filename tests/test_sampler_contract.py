@@ -1,12 +1,14 @@
 """One contract that every registered sampler passes (diffusers' shared scheduler test base).
 
-``CASES`` holds one row per name in ``cdlm.samplers.SAMPLERS``: the process kind it runs on, its
-options, and what it must count (network calls, callbacks) as exact rules. Each test is
-parametrized over the whole table, so a new sampler gets every check once it has a row, and
-``test_every_registered_sampler_has_a_case`` fails, naming it, until it does.
+``CASES`` holds one row per sampler config (``conf/sampler/<name>.yaml``, as ``sampler=<name>``
+chooses it): the process kind it runs on, its options, and what it must count (network calls,
+callbacks) as exact rules. Several configs may target one function (the masked samplers are
+one loop with different step rules, each rule registered under its config's name). Each test is parametrized over the whole
+table, so a new sampler or config gets every check once it has a row, and
+``test_every_sampler_config_has_a_case`` fails, naming it, until it does.
 
 The network is a real tiny ``Transformer`` in float64 with a counting hook, built the way
-``cdlm.sampling.generate`` builds the denoiser (``process.conditioned_denoiser(network)``). The processes
+``cdlm.generation.generate`` builds the denoiser (``process.conditioned_denoiser(network)``). The processes
 are built without shifted prediction (no BOS prepended), so the positions the network sees
 per call are exactly the sequence length.
 
@@ -18,10 +20,8 @@ and say why in the commit.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import pkgutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,8 +31,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import cdlm.samplers
+from cdlm import config_dir
 from cdlm.denoiser import NetworkDenoiser, Prediction, Wrapper
+from cdlm.generation import named_sampler
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.block import BlockDenoiser, BlockProcess
@@ -41,7 +42,10 @@ from cdlm.processes.inputs import VectorInput
 from cdlm.processes.masked import MaskedProcess
 from cdlm.processes.uniform import UniformProcess
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
+from cdlm.samplers.base import sampler_name
 from cdlm.samplers.blockwise import DualCache, PrefixCache
+from cdlm.samplers.remdm import ReMDM
+from cdlm.samplers.rules import Threshold
 
 V, D = 12, 8  # vocabulary (EOS/BOS = 0, [MASK] = V - 1) and gaussian embedding width
 EOS, MASK = 0, V - 1
@@ -220,6 +224,8 @@ CASES: dict[str, Case] = {
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
     "duo_ancestral": Case("uniform", per_step, per_step),
     "block": Case("block", steps_and_cached_blocks, steps_until_decided),
+    # revises: every step calls the network, masked or not (its last step unmasks the rest)
+    "remdm": Case("masked", per_step, per_step),
     "speculative": Case("block", verified_and_drafted, verified, build="verifying_block"),
 }
 
@@ -235,27 +241,24 @@ VARIANTS: list[tuple[str, dict]] = [
     ("threshold", {"block_length": 4, "cache": DualCache()}),
     ("entropy_bounded", {"block_length": 4, "cache": PrefixCache()}),
     ("confidence", {"block_length": 4, "cache": DualCache(refresh=1)}),
+    ("block", {"rule": Threshold()}),
+    ("remdm", {"block_length": 4}),
+    ("remdm", {"block_length": 4, "cache": PrefixCache()}),
+    ("remdm", {"rule": ReMDM(schedule="conf")}),
+    ("remdm", {"rule": ReMDM(schedule="loop", eta=0.1)}),
 ]
 
 
-def sampler_functions() -> dict[str, Callable]:
-    """name -> function, found by the ``sampler_name`` that ``register`` stamps on each (the
-    registry itself maps names to process kinds only)."""
-    found = {}
-    for info in pkgutil.iter_modules(cdlm.samplers.__path__):
-        module = importlib.import_module(f"cdlm.samplers.{info.name}")
-        for obj in vars(module).values():
-            if isinstance(getattr(obj, "sampler_name", None), str):
-                found[obj.sampler_name] = obj
-    return found
+def configs() -> list[str]:
+    """The names ``sampler=<name>`` chooses: every ``conf/sampler/*.yaml``."""
+    return sorted(p.stem for p in (config_dir() / "sampler").glob("*.yaml"))
 
 
-FUNCTIONS = sampler_functions()
 DenoiserFactory = Callable[[nn.Module, nn.Module, Tensor | None], Callable]
 
 
 def real(process: nn.Module, network: nn.Module, data: Tensor | None) -> Callable:
-    """The denoiser ``cdlm.sampling.generate`` gives a sampler (unguided, nothing held)."""
+    """The denoiser ``cdlm.generation.generate`` gives a sampler (unguided, nothing held)."""
     return process.sampling_denoiser(network)
 
 
@@ -266,7 +269,7 @@ def run(
     global_seed: int = 0,
     **options,
 ) -> Run:
-    """Runs sampler ``name`` as ``cdlm.sampling.generate`` would: prior and sampler share one generator.
+    """Runs sampler ``name`` as ``cdlm.generation.generate`` would: prior and sampler share one generator.
     ``global_seed`` reseeds torch's global stream just before sampling, which a sampler must not
     read (the factories reseed it too, so without this two runs could not tell)."""
     case = CASES[name]
@@ -279,7 +282,7 @@ def run(
     start = start.to(F64) if start.is_floating_point() else start
     seen: list[StepInfo] = []
     torch.manual_seed(global_seed)
-    out = FUNCTIONS[name](
+    out = named_sampler(name)(
         denoiser,
         start.clone(),
         uniform_grid(case.steps),
@@ -444,16 +447,21 @@ def one_thread() -> Iterator[None]:
 # --- the contract ---------------------------------------------------------------------------------
 
 
-def test_every_registered_sampler_has_a_case() -> None:
-    """A sampler registered without a row would silently skip the whole contract."""
-    missing, stale = sorted(set(SAMPLERS) - set(CASES)), sorted(set(CASES) - set(SAMPLERS))
-    assert not missing, f"registered samplers without a row in CASES: {missing}"
-    assert not stale, f"rows in CASES for samplers no longer registered: {stale}"
-    assert set(FUNCTIONS) == set(SAMPLERS)
+def test_every_sampler_config_has_a_case() -> None:
+    """A sampler config without a row would silently skip the whole contract, and so would a
+    registered sampler that no config chooses."""
+    missing, stale = sorted(set(configs()) - set(CASES)), sorted(set(CASES) - set(configs()))
+    assert not missing, f"conf/sampler configs without a row in CASES: {missing}"
+    assert not stale, f"rows in CASES for configs no longer in conf/sampler: {stale}"
+    named = {name: sampler_name(named_sampler(name)) for name in CASES}
+    misnamed = sorted(n for n, got in named.items() if got != n)
+    assert not misnamed, f"configs whose sampler is registered under another name: {misnamed}"
+    unchosen = sorted(set(SAMPLERS) - set(CASES))
+    assert not unchosen, f"registered samplers that no conf/sampler config chooses: {unchosen}"
     for name, case in CASES.items():
         assert case.kind in SAMPLERS[name], f"{name} is registered for {SAMPLERS[name]}"
     assert set(GOLDEN) == set(CASES), (
-        "rewrite the golden file: python tests/test_sampler_contract.py"
+        "add the new rows' golden samples: python tests/test_sampler_contract.py"
     )
 
 

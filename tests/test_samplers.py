@@ -122,7 +122,7 @@ def test_bad_grid_and_eta_are_refused():
 def test_decode_cuts_at_eos_or_keeps_paragraphs():
     from cdlm.data.corpus import Document
     from cdlm.data.tokenizer import train_bpe, wrap
-    from cdlm.sampling import decode
+    from cdlm.generation import decode
 
     tok = wrap(train_bpe([Document("one two three four " * 30, "x")], 280).to_str())
     a, b = tok("one two")["input_ids"], tok(" three")["input_ids"]

@@ -1,7 +1,6 @@
 """The speed measurement (cdlm.evaluation.speed, memory, guard_share) on hand-built cases, and
 experiments/speed.py end to end on tiny models (scorer: a uniform LM stand-in)."""
 
-import functools
 import math
 import sys
 import time
@@ -19,15 +18,14 @@ from cdlm.evaluation.guard_share import (
 )
 from cdlm.evaluation.memory import PeakMemory, rss_reader
 from cdlm.evaluation.speed import measure, timed_run
+from cdlm.generation import Plan
+from cdlm.generation.inputs import read_layout
 from cdlm.model_file import load_model
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
 from cdlm.samplers.base import SampleOutput, StepInfo
-from cdlm.samplers.blockwise import sample_block
-from cdlm.samplers.masked import sample_entropy_bounded
-from cdlm.samplers.masked_steps import step_threshold
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import read_layout
+from cdlm.samplers.masked import sample_block, sample_masked
+from cdlm.samplers.rules import EntropyBounded, Threshold
 from cdlm.schedules import LogLinearMaskSchedule
 
 MASK, V = 4, 5  # ids 0..3, [MASK] = 4
@@ -114,10 +112,9 @@ def test_threshold_commits_by_guard_and_by_force_counted_by_hand():
     process = SimpleNamespace(
         mask_id=MASK, block_size=4, eos_id=None, schedule=LogLinearMaskSchedule(eps=0.0)
     )
-    step = functools.partial(step_threshold, threshold=0.9)
     share = _run_counted(
-        sample_block, table, GuardedBlocks(ThresholdGuard(0.9), 4), process=process, step=step,
-        temperature=0.0, cache=None, steps_per_block=3, steps=6,
+        sample_block, table, GuardedBlocks(ThresholdGuard(0.9), 4), process=process,
+        rule=Threshold(temperature=0.0, threshold=0.9), cache=None, steps_per_block=3, steps=6,
     )  # fmt: skip
     assert (share.by_guard, share.by_force) == (2 * 2, 2 * 6)
     assert share.guard_fraction == pytest.approx(0.25)
@@ -132,8 +129,8 @@ def test_entropy_bounded_commits_by_guard_and_by_force_counted_by_hand():
     table = Table(_logp([one, one, two, four, four, four, four, four]))
     process = MaskedProcess(vocab_size=V, mask_id=MASK, schedule=LogLinearMaskSchedule(eps=0.0))
     share = _run_counted(
-        sample_entropy_bounded, table, GuardedBlocks(EntropyGuard(0.5), 4), process=process,
-        gamma=0.5, block_length=4, steps=8,
+        sample_masked, table, GuardedBlocks(EntropyGuard(0.5), 4), process=process,
+        rule=EntropyBounded(gamma=0.5), block_length=4, steps=8,
     )  # fmt: skip
     assert (share.by_guard, share.by_force) == (2 * 2, 2 * 6)
     assert math.log(2) > 0.5  # position 3 waits: 0 + 0 + ln 2 is over the budget

@@ -26,12 +26,12 @@ from cdlm import config_dir
 from cdlm.data.corpus import Document
 from cdlm.data.tokenizer import corpus_bpe
 from cdlm.evaluation.quality import Scorer
+from cdlm.generation import default_sampler
 from cdlm.io import atomic_write_text
 from cdlm.model_file import Model, load_model
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import MaskedProcess
-from cdlm.sampling import default_sampler
-from cdlm.tasks import plan, suite
+from cdlm.tasks import games, suite
 from cdlm.tasks.base import Reader, TaskRun, named_task
 
 L = 48
@@ -98,7 +98,7 @@ def text(tiny_masked_checkpoint, tiny_corpus):
 @pytest.fixture(scope="module")
 def puzzles(tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "plan.txt"
-    lines = plan.corpus("countdown", 40, 0)
+    lines = games.corpus("countdown", 40, 0)
     atomic_write_text(path, "\n\n".join(lines) + "\n")
     tok = corpus_bpe([Document(path.read_text(), "plan")], vocab_size=300)
     process = MaskedProcess(len(tok), mask_id=tok.mask_token_id, eos_id=tok.eos_token_id)

@@ -13,9 +13,9 @@ from torch import nn
 
 from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import corpus_bpe
+from cdlm.generation.choice import named_sampler
 from cdlm.model_file import Model
 from cdlm.processes import MaskedProcess
-from cdlm.sampling.choice import named_sampler
 from cdlm.tasks import correct, infill
 from cdlm.tasks.passages import held_out, lay_out
 from tests.conftest import run_main

@@ -198,6 +198,4 @@ def test_a_world_report_goes_to_a_file_named_by_world_and_process():
     from cdlm.evaluation.report import default_path
 
     target = "cdlm.processes.masked.MaskedProcess"
-    assert str(default_path("world:chars", "report", target)) == (
-        "world-chars-masked.eval.json"
-    )
+    assert str(default_path("world:chars", "report", target)) == ("world-chars-masked.eval.json")

@@ -14,9 +14,9 @@ from scipy import stats
 
 from cdlm import worlds
 from cdlm.configs import compose
+from cdlm.generation import Plan
+from cdlm.generation.generate import generate
 from cdlm.model_file import oracle_model
-from cdlm.sampling import Plan
-from cdlm.sampling.generate import generate
 from cdlm.worlds.agreement import Agreement
 from cdlm.worlds.base import World
 from cdlm.worlds.chain import symbol_tokenizer

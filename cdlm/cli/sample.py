@@ -15,15 +15,15 @@ from omegaconf import DictConfig, ListConfig
 from cdlm import config_dir
 from cdlm.canvas import FORMATS, save
 from cdlm.cli.common import model_options, resolve_device, run, validate_model_and_output
+from cdlm.generation import ROUNDINGS, Plan, choose, with_cache
+from cdlm.generation.inputs import label_index, read_layout
+from cdlm.generation.records import headline
+from cdlm.generation.session import View, sample_scales
 from cdlm.guidance import GUIDE_ON, Guidance
 from cdlm.io import atomic_write_text
 from cdlm.model_file import Model, load_model
 from cdlm.regions import Layout
 from cdlm.samplers.grids import GRIDS
-from cdlm.sampling import ROUNDINGS, Plan, choose, with_cache
-from cdlm.sampling.inputs import label_index, read_layout
-from cdlm.sampling.records import headline
-from cdlm.sampling.session import View, sample_scales
 from cdlm.validation import COUNT, FLAG, POSITIVE, SEED, Choice, Number, UsageError, check, require
 
 

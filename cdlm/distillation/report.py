@@ -6,8 +6,8 @@ from __future__ import annotations
 import warnings
 
 from cdlm.evaluation.quality import diversity, generative_perplexity, load_scorer
+from cdlm.generation import Plan, decode, generate, named_sampler, stops_at_eos
 from cdlm.model_file import Model
-from cdlm.sampling import Plan, decode, generate, named_sampler, stops_at_eos
 
 
 class RoundEval:
@@ -33,7 +33,7 @@ class RoundEval:
         data = module.trainer.datamodule
         record = module.model_config["distillation"]
         options = record.get("sampler_options", {})  # e.g. a block student's steps per block
-        if stops_at_eos(named_sampler(record["sampler"], **options)):
+        if stops_at_eos(named_sampler(record["sampler"], **options), module.process.block_size):
             options = options | {"stop_at_eos": False}  # whole canvases are scored: no padding
         sampler = named_sampler(record["sampler"], **options)
         model = Model(module.process, module.network, data.tokenizer, module.model_config)

@@ -23,7 +23,7 @@ from torch import Tensor
 from cdlm.denoiser import Denoiser, per_position
 from cdlm.processes.base import Corrupted
 from cdlm.samplers.gaussian import step_ddim
-from cdlm.samplers.masked import Interval, step_ancestral
+from cdlm.samplers.masked_steps import Interval, step_ancestral
 
 
 def ddim_to(process, x: Tensor, x0: Tensor, t: Tensor, s: Tensor) -> Tensor:

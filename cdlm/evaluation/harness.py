@@ -19,9 +19,9 @@ from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, sc
 from cdlm.evaluation.report import log_to_wandb, summary_markdown
 from cdlm.evaluation.speed import measure
 from cdlm.evaluation.world_score import world_of, world_sections, world_spec
+from cdlm.generation import Plan, check_whole_canvases, decode
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
-from cdlm.sampling import Plan, check_whole_canvases, decode
 
 
 def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer | None) -> dict:
@@ -50,7 +50,7 @@ def report(loaded: Loaded, cfg: DictConfig) -> Measured:
     """``metric=report``: ``evaluate`` with the options of conf/eval.yaml; ``scorer=world``
     (or ``world:<name>``) scores by that world instead of a language model. A sampler that pads
     after EOS is refused under ``cut_at_eos=false`` before the scorer loads."""
-    check_whole_canvases(loaded.choice.sampler, cfg.cut_at_eos)
+    check_whole_canvases(loaded.choice.sampler, cfg.cut_at_eos, loaded.model.process.block_size)
     world = world_spec(str(cfg.scorer), loaded.model.config)
     result = evaluate(
         loaded,
@@ -91,7 +91,7 @@ def evaluate_checkpoint(
     process); ``options``: ``evaluate``'s. ``cdlm-eval`` loads once itself and calls
     ``report``."""
     loaded = load(ckpt, device, steps, sampler, model_options)
-    check_whole_canvases(loaded.choice.sampler, cut_at_eos)
+    check_whole_canvases(loaded.choice.sampler, cut_at_eos, loaded.model.process.block_size)
     return evaluate(loaded, cut_at_eos=cut_at_eos, **options)
 
 

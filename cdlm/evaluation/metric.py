@@ -17,8 +17,8 @@ import torch
 from omegaconf import DictConfig
 
 from cdlm.evaluation.quality import Scorer, load_scorer
+from cdlm.generation import Choice, choose
 from cdlm.model_file import Model, load_model
-from cdlm.sampling import Choice, choose
 
 
 @dataclass(frozen=True)

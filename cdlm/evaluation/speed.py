@@ -26,10 +26,10 @@ import torch
 
 from cdlm.evaluation.guard_share import GuardCounter, GuardedBlocks, GuardShare
 from cdlm.evaluation.memory import MemoryPeak, PeakMemory
+from cdlm.generation import Generation, Plan, generate
 from cdlm.model_file import Model
 from cdlm.progress import Progress
 from cdlm.samplers.base import Callback, StepInfo
-from cdlm.sampling import Generation, Plan, generate
 
 
 @dataclass

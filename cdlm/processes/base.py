@@ -280,7 +280,8 @@ class TokenProcess(ProcessModule):
             raise ValueError("clamp and self_cond_scale apply to gaussian (embedding) models only")
         if temperature != 1.0:
             raise ValueError(
-                "temperature= applies to gaussian models; token samplers take sampler.temperature"
+                "temperature= applies to gaussian models; token samplers take sampler.temperature "
+                "(masked and block: sampler.rule.temperature)"
             )
         denoiser = self.make_denoiser(network)
         return denoiser if condition is None else condition(denoiser)

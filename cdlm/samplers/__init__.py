@@ -1,6 +1,6 @@
 """Samplers: small functions over a denoiser, one shared contract (see ``base``)."""
 
-from cdlm.samplers import autoregressive, blockwise, masked, speculative, uniform  # noqa: F401
+from cdlm.samplers import autoregressive, masked, remdm, speculative, uniform  # noqa: F401
 from cdlm.samplers.adaptive import sample_adaptive
 from cdlm.samplers.base import SAMPLERS, SampleOutput, StepInfo, check_compatible
 from cdlm.samplers.gaussian import sample_ddim, sample_ddpm, sample_rolling

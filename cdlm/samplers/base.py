@@ -10,6 +10,7 @@ with the list of samplers that do fit.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,7 +51,8 @@ SAMPLERS: dict[str, tuple[str, ...]] = {}
 
 
 def register(name: str, processes: tuple[str, ...]) -> Callable[[Callable], Callable]:
-    """Records which process kinds the decorated sampler accepts."""
+    """Records which process kinds the decorated sampler accepts (or step rule: a rule of the
+    one masked sampler is registered under the name of the sampler it makes)."""
 
     def wrap(fn: Callable) -> Callable:
         SAMPLERS[name] = processes
@@ -60,21 +62,39 @@ def register(name: str, processes: tuple[str, ...]) -> Callable[[Callable], Call
     return wrap
 
 
+def named_by_rule(fn: Callable) -> Callable:
+    """Marks a sampler that is named, and fits the process kinds, of its ``rule`` option (a
+    registered step rule object): ``sampler=threshold`` is the masked loop with the threshold
+    rule, and reports, records and refusals name it so."""
+    fn.named_by_rule = True
+    return fn
+
+
 def unwrapped(sampler: Callable) -> Callable:
     """The sampler function behind a Hydra partial (``_partial_: true``) or the function itself:
     the one place that looks inside a partial."""
     return getattr(sampler, "func", sampler)
 
 
+def registered(sampler: Callable) -> Callable | type:
+    """What ``register`` stamped for ``sampler``: its function, or the class of its step rule
+    (given, else the function's default) for a sampler ``named_by_rule``."""
+    fn = unwrapped(sampler)
+    if not getattr(fn, "named_by_rule", False):
+        return fn
+    rule = getattr(sampler, "keywords", {}).get("rule")
+    return type(rule if rule is not None else inspect.signature(fn).parameters["rule"].default)
+
+
 def sampler_name(sampler: Callable) -> str:
     """The registered name of ``sampler`` (a function or a partial of one)."""
-    fn = unwrapped(sampler)
+    fn = registered(sampler)
     return getattr(fn, "sampler_name", getattr(fn, "__name__", str(fn)))
 
 
 def check_compatible(sampler: Callable, process_kind: str) -> None:
     """Raises ValueError naming the samplers that fit ``process_kind`` if ``sampler`` does not."""
-    if process_kind not in getattr(unwrapped(sampler), "processes", ()):
+    if process_kind not in getattr(registered(sampler), "processes", ()):
         fits = sorted(n for n, kinds in SAMPLERS.items() if process_kind in kinds)
         name = sampler_name(sampler)
         hint = f"use one of: {', '.join(fits)}" if fits else "no registered sampler fits it"

@@ -1,5 +1,5 @@
-"""Block-by-block decoding with the network's KV cache: each step runs only the positions that
-change, attending to cached keys and values of the rest. The cache is an object chosen by
+"""The KV caches of block-by-block decoding (the loop is ``cdlm.samplers.masked.decode``): each
+step runs only the positions that change, attending to cached keys and values of the rest. The cache is an object chosen by
 ``_target_`` (``conf/cache/``: ``cache=prefix|dual|none``); None runs without one.
 
 * Block diffusion (``process=block``, BD3-LM, Arriola et al. 2025): with ``PrefixCache`` the
@@ -21,27 +21,16 @@ suffix's, and a dual cache that kept it would hold the block's last token as a s
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser, Prediction
+from cdlm.denoiser import Denoiser
 from cdlm.networks.cache import KVCache
-from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
-from cdlm.samplers.masked_steps import (
-    Interval,
-    block_grid,
-    blocks_of,
-    check_step,
-    ended_at_eos,
-    network_length,
-    step_ancestral,
-)
+from cdlm.samplers.masked_steps import network_length
 
 
 class Calls:
@@ -161,101 +150,3 @@ def check_cache(cache: object) -> None:
             f"cache must be a PrefixCache, a DualCache or None (no cache), got {cache!r} "
             "(on the command line: cache=prefix|dual|none)"
         )
-
-
-def cached_loop(
-    step: Callable[..., Tensor],
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    process,
-    generator: torch.Generator | None,
-    callback: Callback | None,
-    block_length: int,
-    cache: BlockCache | None,
-    steps_per_block: int | None = None,
-    stop_at_eos: bool = True,
-) -> SampleOutput:
-    """Semi-autoregressive decoding of blocks of ``block_length`` with a KV cache (see the
-    module docstring); ``step`` is a ``masked_steps`` step function with its options bound.
-    With ``stop_at_eos`` it stops once every row has finished at the process's EOS (later masks
-    become EOS); without, it fills the whole canvas."""
-    length, mask_id, device = x.shape[1], process.mask_id, x.device
-    exact = process.block_size is not None
-    kv = None if cache is None else denoiser.new_cache()
-    calls = Calls(denoiser, kv, length, device)
-    blocks = blocks_of(length, block_length)
-    grid = block_grid(timesteps, len(blocks), steps_per_block)
-    i, pred = 0, None
-    for a, b in blocks:
-        for j in range(len(grid) - 1):
-            if not (x[:, a:b] == mask_id).any():
-                break  # the block is decided: no call is needed for the steps left
-            t, s = float(grid[j]), float(grid[j + 1])
-            if exact:  # the block alone, against its exact past (cached or recomputed)
-                logp = calls.block(x, a, b, t)
-            else:
-                logp = cache.block_logits(calls, x, a, b, j, t)
-            iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
-            window = x[:, a:b]
-            x = x.clone()
-            x[:, a:b] = step(window, logp, window == mask_id, iv, generator)
-            pred = Prediction(logits=logp)
-            if callback is not None:
-                callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
-            i += 1
-        if stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
-            x = ended
-            break
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=calls.nfe, positions=calls.positions)
-
-
-@register("block", processes=("block",))
-@torch.no_grad()
-def sample_block(
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    *,
-    process,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    step: Callable[..., Tensor] = step_ancestral,
-    temperature: float = 1.0,
-    steps_per_block: int | None = None,
-    cache: PrefixCache | None = PrefixCache(),
-    stop_at_eos: bool = True,
-) -> SampleOutput:
-    """Block diffusion decoding (BD3-LM, Arriola et al. 2025): blocks of the process's
-    ``block_size`` left to right, each denoised by ``step`` (a ``masked_steps`` function:
-    ancestral by default, ``step_threshold`` for confidence-threshold parallel decoding or
-    ``step_entropy_bounded``; its own options, e.g. ``threshold``, bound on it) at
-    ``temperature`` in ``steps_per_block`` steps (default: the grid's steps shared out). The
-    finished blocks are read from the KV cache (``PrefixCache()``, exact) or recomputed (None).
-    ``stop_at_eos``: stop once every row has produced EOS (the rest becomes EOS); False fills
-    the whole canvas. x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
-    check_step(step)
-    check_cache(cache)
-    if isinstance(cache, DualCache):
-        raise ValueError(
-            "cache=dual does not fit block diffusion: its blocks see only the past, so there is "
-            "no suffix to cache; use cache=prefix (exact) or cache=none"
-        )
-    if cache is not None and cache.refresh is not None:
-        raise ValueError(
-            "cache.refresh rewrites a masked model's approximate cache; block diffusion's "
-            "prefix cache is exact and never needs it"
-        )
-    return cached_loop(
-        functools.partial(step, temperature=temperature),
-        denoiser,
-        x,
-        timesteps,
-        process,
-        generator,
-        callback,
-        process.block_size,
-        cache,
-        steps_per_block,
-        stop_at_eos,
-    )

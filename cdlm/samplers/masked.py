@@ -1,257 +1,254 @@
-"""Samplers for masked diffusion: ancestral (MDLM), cached ancestral, low-confidence remasking
-(LLaDA), confidence-threshold parallel decoding (Fast-dLLM) and entropy-bounded unmasking
-(EB-sampler), over the step functions of ``cdlm.samplers.masked_steps``.
+"""The one masked decoding loop, and the two samplers over it: ``sample_masked`` (masked
+diffusion, and block diffusion at its process's blocks) and ``sample_block`` (block diffusion
+with its exact KV cache by default).
 
-Each takes the sampler contract's arguments (``cdlm.samplers.base``; x: (B, L) ids with
-[MASK] where undecided, timesteps: (T+1,) from 1 to 0) and these options:
+The loop walks semi-autoregressive blocks left to right (LLaDA Sec. 2.4; one block without
+``block_length``), each over the whole span of time, and asks a step rule
+(``cdlm.samplers.rules``: ancestral, confidence, threshold, entropy-bounded; ReMDM in
+``cdlm.samplers.remdm``) what each step commits. A block ends once nothing in it is masked,
+unless the rule revises (then it runs all its steps). Predictions come from the whole canvas
+(``Whole``) or from the block's window through the KV caches of ``cdlm.samplers.blockwise``
+(``Windowed``); both count NFE and the positions the network ran.
 
-- ``temperature`` of the categorical draws (0: argmax).
-- ``block_length``: semi-autoregressive blocks left to right (LLaDA Sec. 2.4), each walking
-  the whole span of time; None decodes the whole canvas at once.
-- ``repeat_penalty``: nats taken off each decided neighbour's token (``penalise_repeats``).
+Options of both samplers:
+
+- ``rule``: the step rule object (``sampler.rule`` in the configs, chosen by ``_target_``).
 - ``stop_at_eos``: with blocks, stop early once every row has finished at the process's EOS
   (later masks become EOS); False fills the whole canvas (EOS then separates paragraphs).
-- ``cache``: with blocks, Fast-dLLM's approximate KV caches (Wu et al. 2025),
-  ``blockwise.PrefixCache()`` or ``blockwise.DualCache()``, rewritten once per block (every
-  ``refresh`` steps if set); None runs the whole canvas every step.
+- ``cache``: Fast-dLLM's approximate KV caches on a masked model (Wu et al. 2025) or block
+  diffusion's exact one, ``PrefixCache()`` or ``DualCache()``; None runs without one.
+- ``steps_per_block``: with a cache or on a block model, the steps each block walks (default:
+  the grid's steps shared out).
+
+And of ``sample_masked`` on a masked model only: ``block_length`` and ``repeat_penalty`` (nats
+taken off each decided neighbour's token, ``penalise_repeats``). ``sample_masked`` is named by
+its rule (``sampler=threshold`` is it with ``rules.Threshold``), ``sample_block`` is ``block``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser
-from cdlm.processes.masked import MaskedProcess
-from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register
-from cdlm.samplers.blockwise import BlockCache, cached_loop, check_cache
+from cdlm.denoiser import Denoiser, Prediction
+from cdlm.samplers.base import Callback, SampleOutput, StepInfo, named_by_rule, register
+from cdlm.samplers.blockwise import BlockCache, Calls, DualCache, PrefixCache, check_cache
 from cdlm.samplers.masked_steps import (
     Interval,
     block_grid,
     blocks_of,
-    check_step,
     ended_at_eos,
-    network_length,
     penalise_repeats,
-    step_ancestral,
-    step_entropy_bounded,
-    step_threshold,
-    step_topk,
 )
+from cdlm.samplers.rules import Ancestral, Rule, Window, check_rule
 
-Step = Callable[..., Tensor]
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """How a masked sampler walks the canvas: ``length`` of its blocks (None: one), the repeat
-    penalty, whether it stops at EOS, and its KV cache (None: none)."""
-
-    length: int | None
-    repeat_penalty: float
-    stop_at_eos: bool
-    cache: BlockCache | None
+ANCESTRAL = Ancestral()  # the samplers' default rule (frozen, so one object serves every call)
+EXACT_PREFIX = PrefixCache()  # block diffusion's default: its exact KV cache of finished blocks
 
 
-def _loop(
-    step: Step,
-    denoiser: Denoiser,
+class Whole:
+    """Predictions over the whole canvas, one network call per step (none while the canvas is
+    unchanged, when the rule ``reuses`` predictions)."""
+
+    def __init__(self, denoiser: Denoiser, length: int, reuse: bool) -> None:
+        self.denoiser, self.reuse = denoiser, reuse
+        self.net_len = denoiser.network_length(length)
+        self.nfe, self.pred, self.seen = 0, None, None
+
+    @property
+    def positions(self) -> int:
+        return self.nfe * self.net_len
+
+    def __call__(self, x: Tensor, a: int, b: int, j: int, t: float) -> tuple[slice, Prediction]:
+        """The canvas span the prediction covers (all of it) and the prediction."""
+        if not (self.reuse and self.seen is not None and torch.equal(x, self.seen)):
+            tt = torch.full((x.shape[0],), t, device=x.device)
+            self.pred, self.seen, self.nfe = self.denoiser(x, tt), x, self.nfe + 1
+        return slice(None), self.pred
+
+
+class Windowed:
+    """Predictions for the block [a, b) alone: block diffusion's against its exact past
+    (``exact``), else a masked model's through the approximate ``cache``."""
+
+    def __init__(self, calls: Calls, cache: BlockCache | None, exact: bool) -> None:
+        self.calls, self.cache, self.exact = calls, cache, exact
+
+    @property
+    def nfe(self) -> int:
+        return self.calls.nfe
+
+    @property
+    def positions(self) -> int:
+        return self.calls.positions
+
+    def __call__(self, x: Tensor, a: int, b: int, j: int, t: float) -> tuple[slice, Prediction]:
+        """The block's span and its prediction at its step j."""
+        if self.exact:
+            logp = self.calls.block(x, a, b, t)
+        else:
+            logp = self.cache.block_logits(self.calls, x, a, b, j, t)
+        return slice(a, b), Prediction(logits=logp)
+
+
+def decode(
+    rule: Rule,
+    source: Whole | Windowed,
     x: Tensor,
-    timesteps: Tensor,
-    process: MaskedProcess,
+    grid: Tensor,
+    blocks: list[tuple[int, int]],
+    process,
     generator: torch.Generator | None,
     callback: Callback | None,
-    block_length: int | None,
-    repeat_penalty: float,
-    stop_at_eos: bool,
-    skip_unchanged: bool,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
 ) -> SampleOutput:
-    """Walks the blocks left to right over the whole canvas, ``len(timesteps) - 1`` steps in
-    all (at least one per block); ``skip_unchanged`` reuses the last prediction while the
-    canvas has not changed (exact for a time-free denoiser)."""
-    if repeat_penalty < 0:
-        raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
-    length, mask_id = x.shape[1], process.mask_id
-    blocks = blocks_of(length, block_length)
-    grid = timesteps if len(blocks) == 1 else block_grid(timesteps, len(blocks))
-    nfe, i, pred, seen = 0, 0, None, None
+    """Decodes ``blocks`` left to right, each walking ``grid``; see the module docstring.
+    x: (B, L) with [MASK] where undecided (everything else, a prompt, is never changed)."""
+    mask_id, length = process.mask_id, x.shape[1]
+    free_at_start, memo = x == mask_id, rule.memo(x)
+    i, pred = 0, None
     for a, b in blocks:
         in_block = torch.zeros(length, dtype=torch.bool, device=x.device)
         in_block[a:b] = True
+        free = free_at_start & in_block
         for j in range(len(grid) - 1):
-            if not ((x == mask_id) & in_block).any():
+            if not ((x == mask_id) & in_block).any() and not (rule.revises and free.any()):
                 break  # the block is decided: no call is needed for the steps left
             t, s = float(grid[j]), float(grid[j + 1])
-            if not (skip_unchanged and seen is not None and torch.equal(x, seen)):
-                tt = torch.full((x.shape[0],), t, device=x.device)
-                pred, seen, nfe = denoiser(x, tt), x, nfe + 1
+            view, pred = source(x, a, b, j, t)
             iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
-            logp = penalise_repeats(x, pred.logits, mask_id, repeat_penalty)
-            x = step(x, logp, (x == mask_id) & in_block, iv, generator)
+            seen = x[:, view]
+            logp = penalise_repeats(seen, pred.logits, mask_id, repeat_penalty)
+            kept = None if memo is None else memo[:, view]
+            x = x.clone()
+            x[:, view] = rule.step(Window(seen, logp, free[:, view], mask_id, kept), iv, generator)
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
         if stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
             x = ended
             break
-    positions = nfe * network_length(denoiser, length)
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, positions=positions)
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=source.nfe, positions=source.positions)
 
 
-def _sample(
-    step: Step,
+def _blockwise(
+    rule: Rule,
     denoiser: Denoiser,
     x: Tensor,
     timesteps: Tensor,
-    process: MaskedProcess,
+    process,
     generator: torch.Generator | None,
     callback: Callback | None,
-    blocks: Blocks,
-    skip_unchanged: bool = False,
+    block_length: int,
+    cache: BlockCache | None,
+    steps_per_block: int | None,
+    stop_at_eos: bool,
 ) -> SampleOutput:
-    """The loop every masked sampler shares: over the whole canvas, or cached by blocks."""
-    check_step(step)
-    length, penalty, stop = blocks.length, blocks.repeat_penalty, blocks.stop_at_eos
-    if blocks.cache is None:
-        return _loop(
-            step, denoiser, x, timesteps, process, generator, callback, length, penalty, stop,
-            skip_unchanged,
-        )  # fmt: skip
-    check_cache(blocks.cache)
-    if length is None or penalty:
+    """Blocks of ``block_length`` predicted through their window: exact on a block model."""
+    kv = None if cache is None else denoiser.new_cache()
+    calls = Calls(denoiser, kv, x.shape[1], x.device)
+    source = Windowed(calls, cache, exact=process.block_size is not None)
+    blocks = blocks_of(x.shape[1], block_length)
+    grid = block_grid(timesteps, len(blocks), steps_per_block)
+    return decode(rule, source, x, grid, blocks, process, generator, callback, 0.0, stop_at_eos)
+
+
+def check_block_cache(cache: BlockCache | None) -> None:
+    """Block diffusion's cache must be its exact prefix cache, or none."""
+    check_cache(cache)
+    if isinstance(cache, DualCache):
         raise ValueError(
-            f"cache={blocks.cache.name} caches around semi-autoregressive blocks: set "
-            "sampler.block_length (and no repeat_penalty)"
+            "cache=dual does not fit block diffusion: its blocks see only the past, so there is "
+            "no suffix to cache; use cache=prefix (exact) or cache=none"
         )
-    return cached_loop(
-        step, denoiser, x, timesteps, process, generator, callback, length, blocks.cache,
-        stop_at_eos=stop,
+    if cache is not None and cache.refresh is not None:
+        raise ValueError(
+            "cache.refresh rewrites a masked model's approximate cache; block diffusion's "
+            "prefix cache is exact and never needs it"
+        )
+
+
+@named_by_rule
+@torch.no_grad()
+def sample_masked(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    rule: Rule = ANCESTRAL,
+    block_length: int | None = None,
+    steps_per_block: int | None = None,
+    repeat_penalty: float = 0.0,
+    stop_at_eos: bool = True,
+    cache: BlockCache | None = None,
+) -> SampleOutput:
+    """Masked diffusion decoding by the step ``rule`` (MDLM ancestral by default); on a block
+    diffusion model, its blocks (``process.block_size``) against their exact past. Options: see
+    the module docstring. It is named, and fits the process kinds, of its rule
+    (``named_by_rule``). x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
+    check_rule(rule)
+    check_cache(cache)
+    if repeat_penalty < 0:
+        raise ValueError(f"repeat_penalty must be >= 0, got {repeat_penalty}")
+    if process.block_size is not None:
+        if block_length is not None or repeat_penalty or rule.reuses:
+            raise ValueError(
+                "a block diffusion model decodes its own blocks: sampler.block_length, "
+                f"repeat_penalty and the {type(rule).__name__} rule apply to masked models only"
+            )
+        check_block_cache(cache)
+        return _blockwise(
+            rule, denoiser, x, timesteps, process, generator, callback, process.block_size,
+            cache, steps_per_block, stop_at_eos,
+        )  # fmt: skip
+    if cache is None:
+        blocks = blocks_of(x.shape[1], block_length)
+        grid = timesteps if len(blocks) == 1 else block_grid(timesteps, len(blocks))
+        source = Whole(denoiser, x.shape[1], rule.reuses)
+        return decode(
+            rule, source, x, grid, blocks, process, generator, callback, repeat_penalty,
+            stop_at_eos,
+        )  # fmt: skip
+    if block_length is None or repeat_penalty or rule.reuses:
+        raise ValueError(
+            f"cache={cache.name} caches around semi-autoregressive blocks: set "
+            f"sampler.block_length (and no repeat_penalty; not with the {type(rule).__name__} "
+            "rule, which skips calls instead)"
+        )
+    return _blockwise(
+        rule, denoiser, x, timesteps, process, generator, callback, block_length, cache,
+        steps_per_block, stop_at_eos,
     )  # fmt: skip
 
 
-@register("ancestral", processes=("masked",))
+@register("block", processes=("block",))
 @torch.no_grad()
-def sample_ancestral(
+def sample_block(
     denoiser: Denoiser,
     x: Tensor,
     timesteps: Tensor,
     *,
-    process: MaskedProcess,
+    process,
     generator: torch.Generator | None = None,
     callback: Callback | None = None,
-    temperature: float = 1.0,
-    block_length: int | None = None,
-    repeat_penalty: float = 0.0,
-    stop_at_eos: bool = True,
-    cache: BlockCache | None = None,
-) -> SampleOutput:
-    """MDLM ancestral sampling (Sahoo et al. 2024, eq. 7; ``step_ancestral``): each masked
-    position is revealed with the schedule's reveal probability, its token drawn from the
-    prediction. Options: see the module docstring."""
-    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
-    step = functools.partial(step_ancestral, temperature=temperature)
-    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
-
-
-@register("cached_ancestral", processes=("masked",))
-@torch.no_grad()
-def sample_cached_ancestral(
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    *,
-    process: MaskedProcess,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 1.0,
-    block_length: int | None = None,
-    repeat_penalty: float = 0.0,
+    rule: Rule = ANCESTRAL,
+    steps_per_block: int | None = None,
+    cache: PrefixCache | None = EXACT_PREFIX,
     stop_at_eos: bool = True,
 ) -> SampleOutput:
-    """MDLM's cached ancestral sampler (Sahoo et al. 2024, Sec. 3.4): ancestral sampling that
-    skips the network while no token has changed, since a time-free denoiser would repeat its
-    prediction (the same samples, fewer NFE). It has no KV cache of its own. Options: see the
-    module docstring."""
-    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, None)
-    step = functools.partial(step_ancestral, temperature=temperature)
-    return _sample(
-        step, denoiser, x, timesteps, process, generator, callback, blocks, skip_unchanged=True
-    )
-
-
-@register("confidence", processes=("masked",))
-@torch.no_grad()
-def sample_topk(
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    *,
-    process: MaskedProcess,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 0.0,
-    block_length: int | None = None,
-    repeat_penalty: float = 0.0,
-    stop_at_eos: bool = True,
-    cache: BlockCache | None = None,
-) -> SampleOutput:
-    """Low-confidence remasking (LLaDA, Nie et al. 2025, Alg. 5; ``step_topk``): each step
-    commits the ceil(open / steps left) most confident proposals. Options: see the module
-    docstring."""
-    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
-    step = functools.partial(step_topk, temperature=temperature)
-    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
-
-
-@register("threshold", processes=("masked",))
-@torch.no_grad()
-def sample_threshold(
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    *,
-    process: MaskedProcess,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 0.0,
-    threshold: float = 0.9,
-    block_length: int | None = None,
-    repeat_penalty: float = 0.0,
-    stop_at_eos: bool = True,
-    cache: BlockCache | None = None,
-) -> SampleOutput:
-    """Confidence-threshold parallel decoding (Fast-dLLM, Wu et al. 2025; ``step_threshold``):
-    each step commits every proposal whose probability exceeds ``threshold``, and at least the
-    most confident one. Options: see the module docstring."""
-    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
-    step = functools.partial(step_threshold, temperature=temperature, threshold=threshold)
-    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
-
-
-@register("entropy_bounded", processes=("masked",))
-@torch.no_grad()
-def sample_entropy_bounded(
-    denoiser: Denoiser,
-    x: Tensor,
-    timesteps: Tensor,
-    *,
-    process: MaskedProcess,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 0.0,
-    gamma: float = 1.0,
-    block_length: int | None = None,
-    repeat_penalty: float = 0.0,
-    stop_at_eos: bool = True,
-    cache: BlockCache | None = None,
-) -> SampleOutput:
-    """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
-    each step commits the lowest-entropy proposals while their summed entropy, less the
-    largest, stays within ``gamma`` nats. Options: see the module docstring."""
-    blocks = Blocks(block_length, repeat_penalty, stop_at_eos, cache)
-    step = functools.partial(step_entropy_bounded, temperature=temperature, gamma=gamma)
-    return _sample(step, denoiser, x, timesteps, process, generator, callback, blocks)
+    """Block diffusion decoding (BD3-LM, Arriola et al. 2025): blocks of the process's
+    ``block_size`` left to right, each denoised by the step ``rule`` (ancestral by default) in
+    ``steps_per_block`` steps (default: the grid's steps shared out). The finished blocks are
+    read from the KV cache (``PrefixCache()``, exact) or recomputed (None). ``stop_at_eos``:
+    stop once every row has produced EOS (the rest becomes EOS); False fills the whole canvas.
+    x: (B, L) canvas with [MASK]; timesteps: (T+1,) from 1 to 0."""
+    check_rule(rule)
+    check_block_cache(cache)
+    return _blockwise(
+        rule, denoiser, x, timesteps, process, generator, callback, process.block_size, cache,
+        steps_per_block, stop_at_eos,
+    )  # fmt: skip

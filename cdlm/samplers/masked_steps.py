@@ -1,17 +1,17 @@
-"""The pure step functions of masked diffusion sampling, and what the whole-canvas loop
-(``cdlm.samplers.masked``) and the cached block loop (``cdlm.samplers.blockwise``) share: the
+"""The pure step functions of masked diffusion sampling, and what the one masked decoding loop
+(``cdlm.samplers.masked``) needs besides its KV caches (``cdlm.samplers.blockwise``): the
 reveal probability (``Interval.between``), the blocks and their time grid (``blocks_of``,
-``block_grid``), stop-at-EOS (``ended_at_eos``) and the check of a step's options
-(``check_step``).
+``block_grid``) and stop-at-EOS (``ended_at_eos``). The step rules of ``cdlm.samplers.rules``
+wrap these functions as objects with their options as fields.
 
-A state is a (B, L) tensor of token ids with [MASK] where nothing is decided yet. Each step
+A state is a (B, L) tensor of token ids with [MASK] where nothing is decided yet. Each step here
 decides which still-masked ``open_`` positions to commit and to what, and never changes a
-committed token. Categorical draws are float64 and made only at the positions being decided.
+committed token (a revising rule, ``cdlm.samplers.remdm``, is written apart). Categorical
+draws are float64 and made only at the positions being decided.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +30,8 @@ class Interval:
     s: float
     steps_left: int
     p_reveal: float  # MDLM: (keep(s) - keep(t)) / (1 - keep(t))
+    keep_t: float  # alpha_t: the schedule's share of clean tokens at t
+    keep_s: float
 
     @classmethod
     def between(
@@ -37,10 +39,13 @@ class Interval:
     ) -> Interval:
         """The step t -> s under the mask schedule's ``keep``, with MDLM's reveal probability
         (Sahoo et al. 2024, eq. 7): a position still masked at t is unmasked by s with
-        probability (keep(s) - keep(t)) / (1 - keep(t)), and surely at s <= 0."""
+        probability (keep(s) - keep(t)) / (1 - keep(t)), and surely at s <= 0. ``keep_t`` and
+        ``keep_s`` are in float64 (ReMDM's exact update); ``p_reveal`` stays as it was
+        computed, from float32, so that the samples of the unmasking rules do not move."""
         k_t, k_s = keep(torch.tensor(t)).item(), keep(torch.tensor(s)).item()
         p_reveal = 1.0 if s <= 0 else (k_s - k_t) / (1.0 - k_t)
-        return cls(t=t, s=s, steps_left=steps_left, p_reveal=p_reveal)
+        keep_t, keep_s = (keep(torch.tensor(v, dtype=torch.float64)).item() for v in (t, s))
+        return cls(t=t, s=s, steps_left=steps_left, p_reveal=p_reveal, keep_t=keep_t, keep_s=keep_s)
 
 
 def _commit(x: Tensor, logp: Tensor, chosen: Tensor, generator, temperature: float) -> Tensor:
@@ -135,21 +140,6 @@ def step_entropy_bounded(
     within = (ascending.cumsum(-1) - ascending) <= gamma  # the first open one: 0 <= gamma
     chosen = open_ & (torch.zeros_like(open_).scatter_(-1, order, within) | (iv.steps_left == 1))
     return torch.where(chosen, proposal, x)
-
-
-STEP_CHECKS: dict[str, Callable[[float], None]] = {
-    "threshold": check_threshold,
-    "gamma": check_gamma,
-}
-
-
-def check_step(step: Callable[..., Tensor]) -> None:
-    """Checks the options bound on a step function (``functools.partial(step_threshold,
-    threshold=...)``, as the samplers and Hydra's ``_partial_`` make it), so that a bad one
-    fails before the first network call rather than inside a step."""
-    for name, param in inspect.signature(step).parameters.items():
-        if name in STEP_CHECKS and param.default is not inspect.Parameter.empty:
-            STEP_CHECKS[name](param.default)
 
 
 def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:

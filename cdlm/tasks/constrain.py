@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cdlm.evaluation.quality import Scorer, generative_perplexity
+from cdlm.generation import Plan
+from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import fill_id
-from cdlm.tasks.constraints import BUILD, KINDS, TEXT_KINDS, Case, accepted, same
+from cdlm.tasks.constraint_kinds import BUILD, KINDS, TEXT_KINDS, Case, accepted, same
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import canvas, run_cases
 

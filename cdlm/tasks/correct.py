@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from cdlm.evaluation.speed import RunStats, timed_run
+from cdlm.generation import Plan
+from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
 from cdlm.progress import progress
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import fill_id
 from cdlm.tasks.passages import Passage, lay_out, word_ids
 from cdlm.tasks.runs import CaseRuns, canvas
 

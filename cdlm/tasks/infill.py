@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from cdlm.evaluation.quality import Scorer, generative_perplexity
+from cdlm.generation import Plan
+from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
 from cdlm.regions import Layout
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import fill_id
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import canvas, run_cases
 

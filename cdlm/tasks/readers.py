@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cdlm.model_file import Model
 from cdlm.processes import fim
-from cdlm.tasks import plan
+from cdlm.tasks import games
 from cdlm.tasks.base import Inputs
 from cdlm.tasks.passages import held_out
 
@@ -24,7 +24,7 @@ def passages(
 def puzzles(
     model: Model, cases: int, seed: int, data_path: str | None = None, val_fraction: float = 0.02
 ) -> Inputs:
-    """Held-out lines of the puzzle file the model trained on (``plan.held_out``); lengths in
+    """Held-out lines of the puzzle file the model trained on (``games.held_out``); lengths in
     characters."""
-    found = plan.held_out(model, cases, seed, data_path, val_fraction)
+    found = games.held_out(model, cases, seed, data_path, val_fraction)
     return Inputs(found, [len(p.line) for p in found])

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdlm.evaluation.speed import RunStats, spread, timed_run
+from cdlm.generation import Generation, Plan
 from cdlm.model_file import Model
 from cdlm.regions import Layout, Segment
-from cdlm.sampling import Generation, Plan
 
 
 def canvas(ids: list[int], editable: list[bool], fill_id: int) -> Layout:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cdlm.evaluation.quality import Scorer, generative_perplexity, token_entropy
+from cdlm.generation import Plan
 from cdlm.model_file import Model
-from cdlm.sampling import Plan
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import run_cases
 

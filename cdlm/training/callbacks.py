@@ -17,8 +17,8 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from cdlm.evaluation.speed import peak_memory_mb
+from cdlm.generation import Plan, default_sampler, generate
 from cdlm.model_file import Model, save_model
-from cdlm.sampling import Plan, default_sampler, generate
 from cdlm.training.resume import weights_finite
 from cdlm.training.scaling import batch_report, whole_model
 

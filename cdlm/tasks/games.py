@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdlm.generation import Plan
+from cdlm.generation.inputs import fill_id
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
-from cdlm.sampling import Plan
-from cdlm.sampling.inputs import fill_id
 from cdlm.tasks.passages import word_ids
 from cdlm.tasks.runs import CaseRuns, canvas, run_cases
 

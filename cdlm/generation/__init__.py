@@ -1,7 +1,7 @@
 """Running a sampler on a model: the plan of a run, the driver, the choice of sampler, the
 inputs (layouts, labels), the per-sample records and the ``cdlm-sample`` session."""
 
-from cdlm.sampling.choice import (
+from cdlm.generation.choice import (
     Choice,
     check_whole_canvases,
     choose,
@@ -10,8 +10,8 @@ from cdlm.sampling.choice import (
     stops_at_eos,
     with_cache,
 )
-from cdlm.sampling.generate import generate
-from cdlm.sampling.plan import DEFAULT_STEPS, ROUNDINGS, Generation, Plan, Sample, decode
+from cdlm.generation.generate import generate
+from cdlm.generation.plan import DEFAULT_STEPS, ROUNDINGS, Generation, Plan, Sample, decode
 
 __all__ = [
     "DEFAULT_STEPS",

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cdlm import config_dir
+from cdlm.generation.plan import DEFAULT_STEPS
 from cdlm.samplers.base import sampler_name, unwrapped
-from cdlm.sampling.plan import DEFAULT_STEPS
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,11 @@ def with_cache(sampler: Callable, cache: Any) -> Callable:
     return functools.partial(fn, *getattr(sampler, "args", ()), **keywords)
 
 
-def stops_at_eos(sampler: Callable) -> bool:
+def stops_at_eos(sampler: Callable, block_size: int | None = None) -> bool:
     """Whether ``sampler`` ends a sequence at its first EOS and pads the rest with EOS: its
     ``stop_at_eos`` option (given, else its default) where it decodes in blocks, which a masked
-    sampler does only with ``block_length`` set (one block has nothing after it to pad)."""
+    sampler does with ``block_length`` set or on a block model (its ``block_size``; one block
+    has nothing after it to pad)."""
     params = inspect.signature(unwrapped(sampler)).parameters
     given = getattr(sampler, "keywords", {})
 
@@ -120,15 +121,19 @@ def stops_at_eos(sampler: Callable) -> bool:
         param = params.get(name)
         return given.get(name, param.default if param is not None else None)
 
-    blocked = "block_length" not in params or option("block_length") is not None
+    blocked = (
+        "block_length" not in params or option("block_length") is not None or block_size is not None
+    )
     return bool(option("stop_at_eos")) and blocked
 
 
-def check_whole_canvases(sampler: Callable, cut_at_eos: bool) -> None:
+def check_whole_canvases(
+    sampler: Callable, cut_at_eos: bool, block_size: int | None = None
+) -> None:
     """Refuses ``cut_at_eos=False`` (score whole canvases) with a sampler that pads after EOS:
     the padding would be scored as text (measured on an AR model: 4.48 bits of token entropy and
     54% repeated 4-grams for samples that were fine)."""
-    if not cut_at_eos and stops_at_eos(sampler):
+    if not cut_at_eos and stops_at_eos(sampler, block_size):
         raise ValueError(
             f"cut_at_eos=false scores whole canvases, but sampler {sampler_name(sampler)} stops "
             "at the first EOS and pads the rest with EOS, which would be scored as text; give "

@@ -11,12 +11,12 @@ import torch
 
 from cdlm import rng
 from cdlm.denoiser import mixing_passes
+from cdlm.generation.plan import Generation, Plan, decode
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode
 from cdlm.processes.base import Fixed
 from cdlm.samplers import check_compatible, make_grid  # the package: registers every sampler
 from cdlm.samplers.base import Callback, SampleOutput
-from cdlm.sampling.plan import Generation, Plan, decode
 
 
 @torch.no_grad()

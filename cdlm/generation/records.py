@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cdlm.generation.plan import Generation
 from cdlm.regions import Layout, assemble
-from cdlm.sampling.plan import Generation
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from cdlm.canvas import LiveCanvas, Recorder
+from cdlm.generation.generate import generate
+from cdlm.generation.plan import Generation, Plan
+from cdlm.generation.records import RunFacts, records
 from cdlm.guidance import Guidance
 from cdlm.model_file import Model
 from cdlm.progress import Progress
 from cdlm.samplers.base import sampler_name
-from cdlm.sampling.generate import generate
-from cdlm.sampling.plan import Generation, Plan
-from cdlm.sampling.records import RunFacts, records
 
 
 @dataclass
