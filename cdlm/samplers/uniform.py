@@ -72,10 +72,7 @@ def sample_duo_ancestral(
         if i == len(timesteps) - 2:  # the greedy last step
             x_s = pred.logits.argmax(-1)
         else:
-            a_t, a_s = (
-                process.schedule.keep(tt.double()),
-                process.schedule.keep(torch.full_like(tt, s).double()),
-            )
+            a_t, a_s = process.keep(tt.double()), process.keep(torch.full_like(tt, s).double())
             x_s = step_posterior(x, pred.logits, a_s, a_t, generator, temperature)
         if held is not None:
             x_s = torch.where(held[1], held[0], x_s)
