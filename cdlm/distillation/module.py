@@ -27,6 +27,7 @@ from cdlm.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
     check_label_dropout,
+    clip_gradients,
     configure_optimization,
     training_labels,
     with_labels,
@@ -227,6 +228,11 @@ class Distillation(L.LightningModule):
         except RuntimeError:  # Lightning's public way to say the module is not attached
             return self.rounds.lr_factor(0.0)
         return self.rounds.lr_factor(budget_progress(trainer) or 0.0)
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         scheduler = self.scheduler_factory

@@ -17,6 +17,7 @@ from cdlm.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
     check_label_dropout,
+    clip_gradients,
     configure_optimization,
     training_labels,
     with_labels,
@@ -135,6 +136,11 @@ class DiffusionLM(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self.val_means.log(self)
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         return configure_optimization(

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from cdlm.denoiser import Denoiser
 from cdlm.guidance import WithLabel, drop_labels
 from cdlm.training.lr_schedules import WallclockLR
+from cdlm.training.scaling import is_sharded
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -37,6 +38,21 @@ def configure_optimization(
             "use lr_scheduler=warmup_cosine and a step budget (trainer.max_steps)"
         )
     return {"optimizer": built, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def clip_gradients(
+    module: L.LightningModule,
+    optimizer: torch.optim.Optimizer,
+    value: float | None,
+    algorithm: str | None,
+) -> None:
+    """``configure_gradient_clipping`` of both modules: Lightning's clipping, except by norm
+    under FSDP, whose precision plugin refuses it (seen on a GPU, docs/gpu.md); there the
+    sharded root module clips the norm over all shards itself (``clip_grad_norm_``)."""
+    if value and (algorithm or "norm") == "norm" and is_sharded(module.trainer):
+        module.trainer.model.clip_grad_norm_(value)
+        return
+    module.clip_gradients(optimizer, value, algorithm)
 
 
 def check_label_dropout(p: float) -> float:
