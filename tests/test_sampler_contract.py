@@ -223,6 +223,9 @@ CASES: dict[str, Case] = {
     "entropy_bounded": Case("masked", steps_until_decided, steps_until_decided),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
     "duo_ancestral": Case("uniform", per_step, per_step),
+    # the corrector reuses the predictor's x0 estimate: one call per interval. Half corrector, so
+    # the golden tokens pin it (the config's remdm, eta 0.01, is ~ancestral on a 4-step grid)
+    "duo_psi": Case("uniform", per_step, per_step, options={"mode": "constant", "eta": 0.5}),
     "block": Case("block", steps_and_cached_blocks, steps_until_decided),
     # revises: every step calls the network, masked or not (its last step unmasks the rest)
     "remdm": Case("masked", per_step, per_step),
@@ -246,6 +249,8 @@ VARIANTS: list[tuple[str, dict]] = [
     ("remdm", {"block_length": 4, "cache": PrefixCache()}),
     ("remdm", {"rule": ReMDM(schedule="conf")}),
     ("remdm", {"rule": ReMDM(schedule="loop", eta=0.1)}),
+    ("duo_psi", {"mode": "pc"}),
+    ("duo_psi", {"mode": "remdm_rescale", "eta": 0.5}),
 ]
 
 

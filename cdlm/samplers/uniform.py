@@ -6,9 +6,14 @@ with the denoiser's x0 distribution in place of x0 (``step_posterior``); the las
 (s = 0) takes the denoiser's most likely token instead (the reference's
 ``noise_removal=greedy``; it spends one extra call at t = eps where this spends none). Unlike
 masking, every position stays open: any token may change at any step, which ``stats`` counts.
+
+``duo_psi`` draws from a kappa-mixture of that posterior and a corrector that predicts x0 and
+renoises it to s (the Psi-samplers of Deschenaux, Gulcehre & Sahoo 2026, ``psi_posterior``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -45,6 +50,86 @@ def step_posterior(
     return sample_categorical(q.log(), generator, temperature)
 
 
+def psi_posterior(
+    p_x0: Tensor, x_t: Tensor, alpha_s: Tensor, alpha_t: Tensor, kappa: Tensor
+) -> Tensor:
+    """(B, L, V) the Psi-sampler's draw distribution (Deschenaux, Gulcehre & Sahoo 2026,
+    "The Diffusion Duality, Chapter II"), in float64.
+
+    kappa (B,) mixes the predictor, the posterior q(x_s | x_t, x0_hat), with the corrector:
+    the posterior all the way to t = 0, q(x_0 | x_t, x0_hat), carried forward to level s by the
+    exact kernel alpha_s p + (1 - alpha_s) / V. kappa = 1 is ``duo_ancestral``; kappa = 0 is a
+    full predict-x0-then-renoise step, which lets committed tokens change again."""
+    vocab, a_s = p_x0.shape[-1], alpha_s.double().view(-1, 1, 1)
+    predictor = uniform_posterior(p_x0, x_t, alpha_s, alpha_t)
+    to_clean = uniform_posterior(p_x0, x_t, torch.ones_like(alpha_s), alpha_t)
+    corrector = a_s * to_clean + (1 - a_s) / vocab
+    k = kappa.double().view(-1, 1, 1)
+    return k * predictor + (1 - k) * corrector
+
+
+PSI_MODES = ("posterior", "pc", "constant", "remdm", "remdm_rescale")
+
+
+def psi_kappa(alpha_t: Tensor, alpha_s: Tensor, mode: str, eta: float) -> Tensor:
+    """kappa per interval (alpha_t, alpha_s: (N,)) for one of ``PSI_MODES``.
+
+    ``constant`` takes kappa = eta; the ``remdm*`` modes take a ReMDM remasking rate sigma
+    (Wang et al. 2025) and give the corrector the share of the move it would renoise:
+    kappa = clip(1 - sigma / (1 - alpha_s), 0, 1). ``remdm``: sigma = eta. The reference's
+    ``max-capped`` sigma = min(eta, (1 - alpha_s) / alpha_t) gives the same kappas (where the cap
+    binds, sigma >= 1 - alpha_s and both clip to 0), so it is not a mode of its own.
+    ``remdm_rescale``: sigma = eta min(eta, (1 - alpha_s) / alpha_t), eta where alpha_t = 0, as
+    the reference writes it (ReMDM's own rescale has min(1, .))."""
+    if mode not in PSI_MODES:
+        raise ValueError(f"unknown Psi mode {mode!r}; choose one of {PSI_MODES}")
+    a_t, a_s = alpha_t.double(), alpha_s.double()
+    if mode in ("posterior", "pc", "constant"):
+        value = {"posterior": 1.0, "pc": 0.0, "constant": eta}[mode]
+        return torch.full_like(a_t, value)
+    sigma = torch.full_like(a_t, eta)
+    if mode == "remdm_rescale":
+        cap = (1 - a_s) / a_t.clamp_min(torch.finfo(torch.float64).tiny)
+        sigma = torch.where(a_t > 0, eta * torch.minimum(sigma, cap), sigma)
+    # 0 / 0 only where alpha_s = 1 and sigma = 0: no renoising asked for, so the predictor
+    return (1 - sigma / (1 - a_s)).clamp(0, 1).nan_to_num(1.0)
+
+
+Step = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _decode(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    process,
+    step: Step,
+    callback: Callback | None,
+) -> SampleOutput:
+    """The loop both samplers share: one call per interval, ``step(x_t, logits, alpha_s,
+    alpha_t)`` draws x_s, the last interval takes the argmax; held tokens stay in place."""
+    held = denoiser.held_tokens()
+    if held is not None:
+        x = torch.where(held[1], held[0], x)
+    nfe, pred, revisions = 0, None, 0.0
+    for i in range(len(timesteps) - 1):
+        t, s = float(timesteps[i]), float(timesteps[i + 1])
+        tt = torch.full((x.shape[0],), t, device=x.device)
+        pred, nfe = denoiser(x, tt), nfe + 1
+        if i == len(timesteps) - 2:  # the greedy last step
+            x_s = pred.logits.argmax(-1)
+        else:
+            a_t, a_s = process.keep(tt.double()), process.keep(torch.full_like(tt, s).double())
+            x_s = step(x, pred.logits, a_s, a_t)
+        if held is not None:
+            x_s = torch.where(held[1], held[0], x_s)
+        revisions += float((x_s != x).sum(-1).double().mean())
+        x = x_s
+        if callback is not None:
+            callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
+    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, stats={"revisions": revisions})
+
+
 @register("duo_ancestral", processes=("uniform",))
 @torch.no_grad()
 def sample_duo_ancestral(
@@ -61,23 +146,36 @@ def sample_duo_ancestral(
     interval; ``temperature`` of the posterior draws (0: argmax). stats: ``revisions``, the
     mean positions per sequence that changed, summed over the steps. Tokens the denoiser holds
     (``held_tokens``: infilling) are put in place first and never resampled."""
-    held = denoiser.held_tokens()
-    if held is not None:
-        x = torch.where(held[1], held[0], x)
-    nfe, pred, revisions = 0, None, 0.0
-    for i in range(len(timesteps) - 1):
-        t, s = float(timesteps[i]), float(timesteps[i + 1])
-        tt = torch.full((x.shape[0],), t, device=x.device)
-        pred, nfe = denoiser(x, tt), nfe + 1
-        if i == len(timesteps) - 2:  # the greedy last step
-            x_s = pred.logits.argmax(-1)
-        else:
-            a_t, a_s = process.keep(tt.double()), process.keep(torch.full_like(tt, s).double())
-            x_s = step_posterior(x, pred.logits, a_s, a_t, generator, temperature)
-        if held is not None:
-            x_s = torch.where(held[1], held[0], x_s)
-        revisions += float((x_s != x).sum(-1).double().mean())
-        x = x_s
-        if callback is not None:
-            callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
-    return SampleOutput(x=x, tokens=x, prediction=pred, nfe=nfe, stats={"revisions": revisions})
+
+    def step(x_t: Tensor, logits: Tensor, a_s: Tensor, a_t: Tensor) -> Tensor:
+        return step_posterior(x_t, logits, a_s, a_t, generator, temperature)
+
+    return _decode(denoiser, x, timesteps, process, step, callback)
+
+
+@register("duo_psi", processes=("uniform",))
+@torch.no_grad()
+def sample_duo_psi(
+    denoiser: Denoiser,
+    x: Tensor,
+    timesteps: Tensor,
+    *,
+    process,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    mode: str = "remdm",
+    eta: float = 0.01,
+    temperature: float = 1.0,
+) -> SampleOutput:
+    """The Psi predictor-corrector sampler (Chapter II; ``psi_posterior``) with one kappa
+    ``mode`` over the whole grid. x, timesteps and stats as ``duo_ancestral``. The corrector
+    reuses the predictor's x0 estimate, so it is one call per interval, like ancestral."""
+    psi_kappa(torch.ones(1), torch.ones(1), mode, eta)  # an unknown mode fails before any call
+
+    def step(x_t: Tensor, logits: Tensor, a_s: Tensor, a_t: Tensor) -> Tensor:
+        q = psi_posterior(
+            logits.double().softmax(-1), x_t, a_s, a_t, psi_kappa(a_t, a_s, mode, eta)
+        )
+        return sample_categorical(q.log(), generator, temperature)
+
+    return _decode(denoiser, x, timesteps, process, step, callback)
