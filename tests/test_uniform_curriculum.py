@@ -92,15 +92,18 @@ class Spy:
 def test_process_loss_is_the_relaxed_bound():
     """The training loss inside the share is the mean relaxed NELBO at the process's own draws,
     and the network reads the soft input at the schedule time of the mapped alpha."""
-    x0, _, _, logits = fixed()
+    n = 64  # enough positions that some are replaced
+    x0 = torch.randint(0, V, (B, n), generator=torch.Generator().manual_seed(1))
+    logits = 3 * torch.randn(B, n, V, generator=torch.Generator().manual_seed(2), dtype=F64)
     proc = UniformProcess(vocab_size=V, curriculum=GaussianCurriculum(share=0.5)).double()
     proc.set_progress(0.2)
     spy = Spy(logits)
     out = proc.loss(spy, {"tokens": x0}, torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
-    t = proc.sample_t(B, g, device=torch.device("cpu"), length=L)
-    eps = torch.randn(B, L, V, generator=g)  # float32, as the process draws it
+    t = proc.sample_t(B, g, device=torch.device("cpu"), length=n)
+    eps = torch.randn(B, n, V, generator=g)  # float32, as the process draws it
     r = proc.curriculum.relax(x0, t, eps)
+    assert (r.x_t != x0).any()
     want = uniform_nelbo(logits.log_softmax(-1), r.x_t, x0, r.keep, r.dkeep).mean()
     torch.testing.assert_close(out.loss, want, rtol=1e-10, atol=1e-12)
     z, level = spy.seen[0]

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
-from cdlm.processes.curriculum import GaussianCurriculum
+from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.losses import valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -198,35 +198,31 @@ class UniformProcess(TokenProcess):
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """The ELBO integrand in nats per valid token at t from ``sample_t``; inside the
-        curriculum's share of training, at the relaxed input (``relaxed_terms``)."""
+        curriculum's share of training, at its relaxed input (``relax``). The network then reads
+        softmax(w / tau) at the time of ``schedule`` with the mapped alpha (the reference
+        conditions on -log alpha in both phases, so the level means one thing in both)."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         tau = 0.0  # the exact corruption is the tau -> 0 limit; logged every step, as Lightning
         # repeats a key's last value on steps that do not log it
         if self.training and self.curriculum.active():
-            per_row, dtype = self.relaxed_terms(denoiser, tokens, t, valid, generator)
-            tau = self.curriculum.temperature()
+            r, tau = self.relax(tokens, t, generator), self.curriculum.temperature()
+            logp = denoiser(r.soft, self.schedule.time_of(r.keep)).logits
+            per_row = (uniform_nelbo(logp, r.x_t, tokens, r.keep, r.dkeep) * valid).sum(-1)
         else:
             c = self.corrupt(tokens, t, generator)
             logp = denoiser(c.x_t, c.t).logits
-            per_row, dtype = self.elbo_terms(logp, c, valid), logp.dtype
-        nats = (per_row.sum() / valid.sum().clamp_min(1)).to(dtype)
+            per_row = self.elbo_terms(logp, c, valid)
+        nats = (per_row.sum() / valid.sum().clamp_min(1)).to(logp.dtype)
         bits = nats.detach() / math.log(2)
         return LossOutput(nats, {"bits_per_token": bits, "curriculum_tau": torch.tensor(tau)})
 
-    def relaxed_terms(
-        self, denoiser: Denoiser, tokens: Tensor, t: Tensor, valid: Tensor, generator=None
-    ) -> tuple[Tensor, torch.dtype]:
-        """(B,) the ELBO integrand at the curriculum's relaxed input, and the logits' dtype. The
-        network reads softmax(w / tau) at the time of ``schedule`` with the same alpha (the
-        reference conditions on -log alpha in both phases, so the level means one thing);
-        the bound is scored at x_t = argmax(w) with the mapped alpha(t), alpha'(t)."""
+    def relax(self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Relaxed:
+        """The curriculum's relaxed corruption of ``tokens`` (B, L) at its times t (B,), with a
+        fresh (B, L, V) Gaussian draw from ``generator``."""
         shape = (*tokens.shape, self.vocab_size)
         noise = torch.randn(shape, device=tokens.device, generator=generator)
-        r = self.curriculum.relax(tokens, t, noise)
-        logp = denoiser(r.soft, self.schedule.time_of(r.keep)).logits
-        per = uniform_nelbo(logp, r.x_t, tokens, r.keep, r.dkeep)
-        return (per * valid).sum(-1), logp.dtype
+        return self.curriculum.relax(tokens, t, noise)
 
     @torch.no_grad()
     def evaluate_at(
