@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.losses import valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -96,6 +97,8 @@ class UniformProcess(TokenProcess):
             ``noise=log-linear``, cosine, or ``cdlm.processes.duality.DualSchedule``).
         t_min: smallest training time (the ELBO weight alpha'/alpha grows towards alpha = 0).
         time_sampler: where training draws t; evaluation uses stratified uniform t.
+        curriculum: Duo's Gaussian curriculum (``cdlm.processes.curriculum``): relaxed inputs
+            for a share of training; off by default. Evaluation always uses the exact corruption.
     """
 
     kind = "uniform"
@@ -113,6 +116,7 @@ class UniformProcess(TokenProcess):
         schedule: MaskSchedule | None = None,
         t_min: float = 1e-3,
         time_sampler: TimeSampler | None = None,
+        curriculum: GaussianCurriculum | None = None,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -124,6 +128,12 @@ class UniformProcess(TokenProcess):
         self.vocab_size, self.schedule, self.t_min = vocab_size, schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         self.time_sampler.attach(self.schedule)
+        self.curriculum = curriculum if curriculum is not None else GaussianCurriculum()
+
+    def set_progress(self, progress: float) -> None:
+        """The time sampler's and the curriculum's share of the budget spent."""
+        super().set_progress(progress)
+        self.curriculum.set_progress(progress)
 
     def grid_schedule(self) -> nn.Module:
         return self.schedule
@@ -187,14 +197,32 @@ class UniformProcess(TokenProcess):
         return self.t_min + (1.0 - self.t_min) * u
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
-        """The ELBO integrand in nats per valid token at t from ``sample_t``."""
+        """The ELBO integrand in nats per valid token at t from ``sample_t``; inside the
+        curriculum's share of training, at its relaxed input (``relax``). The network then reads
+        softmax(w / tau) at the time of ``schedule`` with the mapped alpha (the reference
+        conditions on -log alpha in both phases, so the level means one thing in both)."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
-        c = self.corrupt(tokens, t, generator)
-        logp = denoiser(c.x_t, c.t).logits
-        per_row = self.elbo_terms(logp, c, valid)
+        tau = 0.0  # the exact corruption is the tau -> 0 limit; logged every step, as Lightning
+        # repeats a key's last value on steps that do not log it
+        if self.training and self.curriculum.active():
+            r, tau = self.relax(tokens, t, generator), self.curriculum.temperature()
+            logp = denoiser(r.soft, self.schedule.time_of(r.keep)).logits
+            per_row = (uniform_nelbo(logp, r.x_t, tokens, r.keep, r.dkeep) * valid).sum(-1)
+        else:
+            c = self.corrupt(tokens, t, generator)
+            logp = denoiser(c.x_t, c.t).logits
+            per_row = self.elbo_terms(logp, c, valid)
         nats = (per_row.sum() / valid.sum().clamp_min(1)).to(logp.dtype)
-        return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)})
+        bits = nats.detach() / math.log(2)
+        return LossOutput(nats, {"bits_per_token": bits, "curriculum_tau": torch.tensor(tau)})
+
+    def relax(self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Relaxed:
+        """The curriculum's relaxed corruption of ``tokens`` (B, L) at its times t (B,), with a
+        fresh (B, L, V) Gaussian draw from ``generator``."""
+        shape = (*tokens.shape, self.vocab_size)
+        noise = torch.randn(shape, device=tokens.device, generator=generator)
+        return self.curriculum.relax(tokens, t, noise)
 
     @torch.no_grad()
     def evaluate_at(
