@@ -19,6 +19,7 @@ which keeps the uniform-t objective (and, for a bound, its value) unbiased under
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +32,15 @@ def stratified_times(
     (antithetic/stratified sampling, Kingma et al. 2021): same mean, lower variance than U(0,1)."""
     u = torch.rand((), device=device, generator=generator)
     return (u + torch.arange(n, device=device) / n) % 1.0
+
+
+def bounded_times(
+    sampler: Callable, training: bool, n: int, device, generator, t_min: float
+) -> Tensor:
+    """n times in [t_min, 1): ``sampler``'s draw in training, stratified uniform (the draw of
+    the unbiased bound) in evaluation; the discrete processes' ``sample_t``."""
+    u = sampler(n, device, generator) if training else stratified_times(n, device, generator)
+    return t_min + (1.0 - t_min) * u
 
 
 class TimeSampler(nn.Module):

@@ -24,7 +24,7 @@ from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
 from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
-from cdlm.time_samplers import TimeSampler, stratified_times
+from cdlm.time_samplers import TimeSampler, bounded_times
 
 
 class MaskedDenoiser(NetworkDenoiser):
@@ -221,12 +221,7 @@ class MaskedProcess(TokenProcess):
         """Times in [t_min, 1): the time sampler's draw in training, stratified uniform (the
         draw of the unbiased bound) in evaluation."""
         device = device if device is not None else getattr(generator, "device", None)
-        u = (
-            self.time_sampler(n, device, generator)
-            if self.training
-            else stratified_times(n, device, generator)
-        )
-        return self.t_min + (1.0 - self.t_min) * u
+        return bounded_times(self.time_sampler, self.training, n, device, generator, self.t_min)
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """The continuous-time ELBO integrand in nats per valid token, at t from ``sample_t``

@@ -28,7 +28,7 @@ from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.losses import valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
-from cdlm.time_samplers import TimeSampler, stratified_times
+from cdlm.time_samplers import TimeSampler, bounded_times
 
 
 def uniform_nelbo(logp: Tensor, x_t: Tensor, x0: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
@@ -189,12 +189,7 @@ class UniformProcess(TokenProcess):
         """Times in [t_min, 1): the time sampler's draw in training, stratified uniform in
         evaluation (the unbiased bound)."""
         device = device if device is not None else getattr(generator, "device", None)
-        u = (
-            self.time_sampler(n, device, generator)
-            if self.training
-            else stratified_times(n, device, generator)
-        )
-        return self.t_min + (1.0 - self.t_min) * u
+        return bounded_times(self.time_sampler, self.training, n, device, generator, self.t_min)
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """The ELBO integrand in nats per valid token at t from ``sample_t``; inside the
