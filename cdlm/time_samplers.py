@@ -38,7 +38,9 @@ def bounded_times(
     sampler: Callable, training: bool, n: int, device, generator, t_min: float
 ) -> Tensor:
     """n times in [t_min, 1): ``sampler``'s draw in training, stratified uniform (the draw of
-    the unbiased bound) in evaluation; the discrete processes' ``sample_t``."""
+    the unbiased bound) in evaluation; the discrete processes' ``sample_t``. ``device``: the
+    generator's when None."""
+    device = device if device is not None else getattr(generator, "device", None)
     u = sampler(n, device, generator) if training else stratified_times(n, device, generator)
     return t_min + (1.0 - t_min) * u
 

@@ -220,7 +220,6 @@ class MaskedProcess(TokenProcess):
     ) -> Tensor:
         """Times in [t_min, 1): the time sampler's draw in training, stratified uniform (the
         draw of the unbiased bound) in evaluation."""
-        device = device if device is not None else getattr(generator, "device", None)
         return bounded_times(self.time_sampler, self.training, n, device, generator, self.t_min)
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
