@@ -182,6 +182,7 @@ INTRO = """Commands (`cdlm-train` on any corpus, the teacher any cdlm `model.saf
 cdlm-train module=distill_progressive teacher=PATH trainer.max_time=00:00:08:00   # gaussian
 cdlm-train module=distill_consistency teacher=PATH trainer.max_steps=500          # gaussian
 cdlm-train module=distill_sdtt teacher=PATH trainer.max_time=00:00:08:00          # masked
+cdlm-train process=uniform module=distill_dcd teacher=PATH trainer.max_steps=600   # uniform
 cdlm-sample ckpt=outputs/.../model.safetensors          # the student's own steps and sampler
 ```
 
@@ -192,7 +193,10 @@ student becomes the next teacher. **Consistency** distillation (Song et al. 2023
 x0 at t_{n+1} matches its EMA copy's at the teacher's DDIM step to t_n. **SDTT** (Deschenaux &
 Gulcehre 2024): at every masked position the student matches, by reverse KL (forward KL and MSE
 as options), the distribution the teacher reaches in two ancestral steps; rounds halve the
-steps. Each round is an equal share of the budget; each round's student is kept
+steps. **DCD** (Duo's discrete consistency distillation, Sahoo et al. 2025): for uniform-state
+teachers, the student at (x_t, t) matches the teacher at (x_s, s = t − 1/(2·steps)), where x_t
+and x_s are the argmaxes of one Gaussian path over one-hots ([duo.md](duo.md#discrete-consistency-distillation-dcd-built-not-measured));
+rounds halve the steps. Each round is an equal share of the budget; each round's student is kept
 (`module.round_dir`) and evaluated below at the step count it was distilled for.
 
 Progressive options (`conf/module/distill_progressive.yaml`; ELF's recipe, Hu et al. 2026, is

@@ -151,7 +151,7 @@ def test_modules_instantiate_with_the_condition_dropout(module):
     """Every module config builds its module: the diffusion module from a process and network,
     a distillation module around a tiny teacher of the process its method accepts, with the
     method, rounds and round callbacks that its config names."""
-    process_kind = "masked" if module == "distill_sdtt" else "gaussian"
+    process_kind = {"distill_sdtt": "masked", "distill_dcd": "uniform"}.get(module, "gaussian")
     tiny = ["network.d_model=16", "network.n_layers=1", "network.n_heads=2"]
     cfg = compose_train(
         f"module={module}", f"process={process_kind}", "condition.dropout=0.25", *tiny

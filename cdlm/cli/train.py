@@ -117,8 +117,8 @@ def validate_module(cfg: DictConfig) -> None:
         needs_teacher == bool(cfg.get("teacher")),
         f"module={HydraConfig.get().runtime.choices.get('module')} "
         + ("needs teacher=PATH (a model.safetensors)" if needs_teacher else "takes no teacher=")
-        + "; distillation modules (module=distill_progressive|distill_consistency|distill_sdtt) "
-        "take one, module=diffusion does not",
+        + "; distillation modules (module=distill_progressive|distill_consistency|distill_sdtt"
+        "|distill_dcd) take one, module=diffusion does not",
     )
 
 

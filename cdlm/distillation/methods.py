@@ -158,3 +158,47 @@ class SDTT:
         div = self.divergence(student_logp[scored], target[scored])
         loss = div.mean() if div.numel() else student_logp.sum() * 0.0
         return LossOutput(loss.float(), {"divergence": loss.detach().float()})
+
+
+class DCD:
+    """Discrete Consistency Distillation (Duo: Sahoo et al., ICML 2025, "The Diffusion
+    Duality", Sec. 5) for uniform-state processes: the student at (x_t, t) matches, by
+    ``divergence`` (``ReverseKL``, the reference's ``kl-bwd``, by default), the teacher at
+    (x_s, s), s = t - 1/(2 steps), where x_t and x_s are the argmaxes of one Gaussian path over
+    one-hots given the clean tokens (``UniformProcess.trajectory``): the deterministic DDIM
+    trajectory of the dual Gaussian process, which uniform-state diffusion alone lacks. Rounds
+    halve the steps with the previous student as teacher, like SDTT's."""
+
+    name = "dcd"
+    process_kinds = ("uniform",)
+    halves = True
+    sampler = None  # the process's own: duo_ancestral
+    uses_ema_target = False
+    teacher_steps_per_step = 2  # the teacher's one step is half the student's
+
+    def __init__(self, divergence: Divergence | None = None) -> None:
+        if divergence is not None and not isinstance(divergence, Divergence):
+            raise ValueError(
+                f"unknown divergence {divergence!r}; valid: a cdlm.distillation.targets.Divergence "
+                "(ReverseKL, ForwardKL, LogProbMSE)"
+            )
+        self.divergence = ReverseKL() if divergence is None else divergence
+
+    def loss(
+        self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None
+    ) -> LossOutput:
+        tokens, valid = batch["tokens"], valid_mask(batch)
+        # the teacher's step when the student takes ``steps``; like the reference, t is shifted
+        # up by dt so that s = t - dt stays inside the draw's range
+        dt = 1.0 / (self.teacher_steps_per_step * steps)
+        t = process.sample_t(tokens.shape[0], generator, device=tokens.device)
+        t = (t + dt).clamp(max=1.0)
+        s = t - dt
+        x_t, x_s = process.trajectory(tokens, t, s, generator)
+        with torch.no_grad():
+            target = teacher(x_s, s).logits
+        student_logp = student(x_t, t).logits
+        # every valid position is scored: the trajectory may move any token
+        div = self.divergence(student_logp[valid], target[valid])
+        loss = div.mean() if div.numel() else student_logp.sum() * 0.0
+        return LossOutput(loss.float(), {"divergence": loss.detach().float()})

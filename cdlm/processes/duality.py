@@ -53,6 +53,53 @@ def uniform_dalpha_dlogsnr(logsnr: Tensor, vocab_size: int) -> Tensor:
     return vocab_size / (vocab_size - 1.0) * dt * 0.5 * mu
 
 
+def logsnr_of_alpha(alpha: Tensor, vocab_size: int) -> Tensor:
+    """The inverse of ``uniform_alpha`` (float64, shaped like ``alpha``): the logsnr whose argmax
+    keeps a token with probability ``alpha``, so that a uniform-state process at any alpha(t)
+    can be read as a Gaussian over one-hots (Duo's consistency distillation). By bisection in
+    [-30, 30] (uniform_alpha increases with logsnr; alpha = 0 and 1 land on the edges), over
+    the distinct values only: each costs a quadrature of ``_U`` per step, and a batch's rows
+    often share a level."""
+    target, where = alpha.double().unique(return_inverse=True)
+    lo = torch.full_like(target, -30.0)
+    hi = torch.full_like(target, 30.0)
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        below = uniform_alpha(mid, vocab_size) < target
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    return ((lo + hi) / 2)[where]
+
+
+def argmax_pair(
+    tokens: Tensor, mu_t: Tensor, mu_s: Tensor, own: Tensor, runner: Tensor, runner_id: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(x_t, x_s), each (B, L): argmax(mu e_x + eps) over the V one-hot dims at two signal
+    levels ``mu_t``, ``mu_s`` (broadcast to (B, L); mu = alpha / sigma = exp(logsnr / 2)) with
+    ONE noise eps, given only what decides the argmax: the token's own coordinate ``own`` =
+    eps_x, the largest other coordinate ``runner`` = max_{j != x} eps_j and its index
+    ``runner_id``. The token wins where eps_x + mu > runner, else the runner does; so the pair
+    never needs the (B, L, V) latent."""
+    x_t = torch.where(own + mu_t > runner, tokens, runner_id)
+    x_s = torch.where(own + mu_s > runner, tokens, runner_id)
+    return x_t, x_s
+
+
+def draw_runner(
+    tokens: Tensor, vocab_size: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(own, runner, runner_id) of a standard Gaussian eps over V dims, each (B, L), drawn
+    exactly in O(B L): eps_x ~ N(0, 1); the max of V - 1 iid normals has CDF Phi^(V-1), so
+    runner = Phi^-1(U^(1 / (V - 1))) (float64, through expm1 so that U^(1/(V-1)) near 1 keeps
+    its digits); its index is uniform over the other tokens and independent of its value."""
+    shape, device = tokens.shape, tokens.device
+    own = torch.randn(shape, device=device, dtype=torch.float64, generator=generator)
+    u = torch.rand(shape, device=device, dtype=torch.float64, generator=generator)
+    # Phi^-1(p) = -Phi^-1(1 - p), 1 - p = -expm1(log(u) / (V - 1))
+    runner = -torch.special.ndtri(-torch.expm1(torch.log(u) / (vocab_size - 1)))
+    other = torch.randint(0, vocab_size - 1, shape, device=device, generator=generator)
+    return own, runner, other + (other >= tokens).long()
+
+
 class DualSchedule(MaskSchedule):
     """The uniform-state schedule a Gaussian ``schedule`` (``cdlm.schedules.Schedule``) induces
     through the argmax: keep(t) = uniform_alpha(logsnr(t)). What Duo's curriculum trains the

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
+from cdlm.processes.duality import argmax_pair, draw_runner, logsnr_of_alpha
 from cdlm.processes.losses import valid_mask
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
@@ -161,6 +162,20 @@ class UniformProcess(TokenProcess):
         """``noisy`` marks the resampled positions (a draw may land on the token itself)."""
         z, resampled = self.noised(tokens, self.keep(t), generator)
         return Corrupted(tokens=tokens, x0=tokens, x_t=z, t=t, noisy=resampled)
+
+    def trajectory(
+        self, tokens: Tensor, t: Tensor, s: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(x_t, x_s), each (B, L): this process's corruptions at t and s (B,) made from ONE
+        Gaussian path over one-hots (the duality, ``cdlm.processes.duality``), so they share
+        their noise: the deterministic DDIM trajectory given ``tokens`` that Duo's consistency
+        distillation (Sec. 5) walks. Each level's logsnr is the one whose argmax keeps a token
+        with probability keep(t); the argmaxes come from ``draw_runner`` in O(B L)."""
+        mu_t, mu_s = (
+            torch.exp(0.5 * logsnr_of_alpha(self.keep(v), self.vocab_size)) for v in (t, s)
+        )
+        own, runner, runner_id = draw_runner(tokens, self.vocab_size, generator)
+        return argmax_pair(tokens, mu_t, mu_s, own, runner, runner_id)
 
     def weight(self, t: Tensor) -> Tensor:
         """The ELBO's factor alpha'(t) / (V alpha(t)) before the bracket (module docstring)."""
