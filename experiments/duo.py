@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import launch
-from budget import duration, last_step
+from budget import duration
 from continuous import at_entropy
 
 CORPORA = {"austen": [], "chars": ["data=world:chars"]}
@@ -98,6 +98,7 @@ def distil_one(job: tuple[str, Path, Path, float]) -> dict:
     corpus, teacher, run_dir, minutes = job
     args = [
         *CORPORA[corpus],
+        "process=uniform",
         "module=distill_dcd",
         f"teacher={teacher}",
         f"module.start_steps={DCD_START}",
@@ -126,10 +127,20 @@ def students(run_dir: Path) -> dict[int, Path]:
     return {int(p.stem.split("_")[1].removesuffix("steps")): p for p in found}
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """The CSV logger's rows of a run's last attempt (a failed start leaves an earlier version)."""
+    versions = sorted(run_dir.glob("csv/version_*"), key=lambda p: int(p.name.split("_")[1]))
+    with open(versions[-1] / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def last_step(run_dir: Path) -> int:
+    return max(int(r["step"]) for r in metrics(run_dir) if r.get("step")) + 1
+
+
 def val_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, val bits/token) at every validation of a training run."""
-    with open(run_dir / "csv" / "version_0" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/bits_per_token")]
+    rows = [r for r in metrics(run_dir) if r.get("val/bits_per_token")]
     return [(int(r["step"]) + 1, float(r["val/bits_per_token"])) for r in rows]
 
 
