@@ -82,6 +82,8 @@ def train_one(job: tuple[str, str, Path, float]) -> dict:
         *overrides,
         *extra.get(corpus, []),
         f"trainer.max_time={duration(minutes * 60)}",
+        # a quickstart row reaches ~170 steps on one thread: validate often enough for a curve
+        "trainer.val_check_interval=25",
         f"hydra.run.dir={run_dir}",
         "logger=csv",
         "seed=0",
