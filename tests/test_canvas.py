@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from conftest import draw_from, run_main
+from conftest import draw_from, run_main, train_tiny
 
 from cdlm.canvas import LiveCanvas, Recorder, render, save
 from cdlm.canvas.terminal import Pieces
@@ -141,3 +141,25 @@ def test_cli_show_canvas_and_canvas_file(tiny_masked_checkpoint, tmp_path):
     assert (tmp_path / "c.html").is_file()
     result = run_main("cdlm-sample", *args, "canvas=c.txt", cwd=tmp_path)
     assert result.returncode == 2 and "valid formats: .html" in result.stderr
+
+
+def test_uniform_frames_revise_and_count_the_sampler_revisions(tmp_path_factory, tiny_corpus):
+    """Uniform-state decoding may change any token at any step: every frame shows a whole
+    canvas, later frames revise tokens, and the frames' changes after the first add up to the
+    sampler's own ``revisions`` less the first step's changes from the (unrecorded) prior."""
+    model = load_model(train_tiny(tmp_path_factory, tiny_corpus, "process=uniform"))
+    recorder, gen = record(model, "duo_ancestral", steps=6, cut_at_eos=False)
+    for trajectory, row in recorder.rows():
+        assert (
+            trajectory.frames[-1].tokens[row].tolist()
+            == gen.samples[trajectory.first + row].token_ids
+        )
+    assert all(bool(f.decided.all()) for tr in recorder.trajectories for f in tr.frames)
+    per_batch = [
+        sum(float(f.changed.sum(-1).double().mean()) for f in tr.frames[1:])
+        for tr in recorder.trajectories
+    ]  # the sampler's figure is a mean over batches of its per-batch mean
+    later = sum(per_batch) / len(per_batch)
+    assert later > 0  # some token was revised after the first step
+    length = model.config["seq_len"]
+    assert later <= gen.stats["revisions"] + 1e-9 <= later + length
