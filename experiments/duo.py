@@ -89,11 +89,17 @@ def train_one(job: tuple[str, str, Path, float]) -> dict:
         "seed=0",
         "+trainer.enable_progress_bar=false",
     ]
-    if not (run_dir / "model.safetensors").is_file():
+    return run_once(args, run_dir)
+
+
+def run_once(args: list[str], run_dir: Path) -> dict:
+    """``cdlm-train`` with ``args`` unless an earlier run finished there; its cost record."""
+    record_path = run_dir / "duo_run.json"
+    if not record_path.is_file():
         cost = launch.train(args, wandb=False)
         record = {"args": args, "wall_seconds": cost.wall_seconds, "cpu_seconds": cost.cpu_seconds}
-        (run_dir / "duo_run.json").write_text(json.dumps(record, indent=2) + "\n")
-    return json.loads((run_dir / "duo_run.json").read_text())
+        record_path.write_text(json.dumps(record, indent=2) + "\n")
+    return json.loads(record_path.read_text())
 
 
 def distil_one(job: tuple[str, Path, Path, float]) -> dict:
@@ -116,11 +122,7 @@ def distil_one(job: tuple[str, Path, Path, float]) -> dict:
         "seed=0",
         "+trainer.enable_progress_bar=false",
     ]
-    if not (run_dir / "duo_run.json").is_file():
-        cost = launch.train(args, wandb=False)
-        record = {"args": args, "wall_seconds": cost.wall_seconds, "cpu_seconds": cost.cpu_seconds}
-        (run_dir / "duo_run.json").write_text(json.dumps(record, indent=2) + "\n")
-    return json.loads((run_dir / "duo_run.json").read_text())
+    return run_once(args, run_dir)
 
 
 def students(run_dir: Path) -> dict[int, Path]:

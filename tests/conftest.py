@@ -34,6 +34,15 @@ TINY_TRAIN = [
     "callbacks.samples.num_samples=1",
     "callbacks.samples.steps=2",
 ]
+# Two distillation steps of a tiny teacher, validated once.
+TINY_DISTIL = [
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "trainer.precision=32-true",
+    "data.batch_size=2",
+    "logger=csv",
+]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -167,7 +167,7 @@ def test_cli_distils_a_uniform_teacher_and_the_student_samples(
 ):
     """cdlm-train process=uniform module=distill_dcd teacher=PATH runs one round (teacher at 8
     steps, student at 4) and leaves a student that cdlm-sample draws from with duo_ancestral."""
-    from conftest import run_main, train_tiny
+    from conftest import TINY_DISTIL, run_main, train_tiny
 
     teacher = train_tiny(tmp_path_factory, tiny_corpus, "process=uniform")
     run = tmp_path / "run"
@@ -179,12 +179,7 @@ def test_cli_distils_a_uniform_teacher_and_the_student_samples(
         "module.start_steps=8",
         "module.end_steps=4",
         "module.round_eval=null",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=1",
-        "trainer.precision=32-true",
-        "data.batch_size=2",
-        "logger=csv",
+        *TINY_DISTIL,
         "+trainer.enable_progress_bar=false",
         f"data.path={tiny_corpus}",
         f"hydra.run.dir={run}",

@@ -552,7 +552,7 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
     student's steps are per block) or at steps=2."""
     import shutil
 
-    from conftest import run_cli, run_main
+    from conftest import TINY_DISTIL, run_cli, run_main
 
     teacher = tmp_path / "teacher.safetensors"
     shutil.copy(request.getfixturevalue(fixture), teacher)
@@ -567,12 +567,7 @@ def test_cli_distils_and_the_student_loads_alone(request, tmp_path, fixture, mod
         "module.round_eval.scorer=none",
         f"module.round_dir={tmp_path / 'rounds'}",
         *options,
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=1",
-        "trainer.precision=32-true",
-        "data.batch_size=2",
-        "logger=csv",
+        *TINY_DISTIL,
         f"data.path={request.getfixturevalue('tiny_corpus')}",
         f"hydra.run.dir={run}",
         cwd=tmp_path,
