@@ -1,6 +1,7 @@
 """The temperature frontier (cdlm/evaluation/frontier.py): gen-PPL read at an entropy by hand on
 three points; a temperature reaches each kind of sampler where it draws; ``cdlm-eval
-metric=frontier`` gives one point per temperature, colder ones less diverse."""
+metric=frontier`` gives one point per temperature, colder ones less diverse, on a masked model
+(the sampler's rule) and a gaussian one (the x0 softmax)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,27 @@ def test_cdlm_eval_frontier_gives_a_point_per_temperature_colder_ones_less_diver
     read = at_entropy(curve, real["token_entropy_bits"])
     assert report["gen_ppl_at_reference_entropy"] == read
     assert "T=0.05" in result.stdout and "real val text" in result.stdout
+
+
+def test_a_gaussian_frontier_tempers_the_x0_softmax_and_without_a_scorer_gives_entropies(
+    tiny_checkpoint, tiny_corpus, tmp_path
+):
+    out = tmp_path / "frontier.json"
+    result = run_main(
+        "cdlm-eval",
+        f"ckpt={tiny_checkpoint}",
+        "metric=frontier",
+        "metric.temperatures=[0.05,1.0]",
+        "num_samples=8",
+        "steps=4",
+        "scorer=none",
+        f"data.path={tiny_corpus}",
+        "wandb=false",
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    cold, warm = report["points"]
+    assert cold["entropy"] < warm["entropy"]  # measured: 1.65 against 6.44 bits
+    assert cold["gen_ppl"] is None and report["gen_ppl_at_reference_entropy"] is None
