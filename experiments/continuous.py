@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from budget import duration, last_step
 from omegaconf import OmegaConf
 
 from cdlm.evaluation.context import context_use
+from cdlm.evaluation.frontier import at_entropy
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
 from cdlm.generation import named_sampler
@@ -217,16 +217,6 @@ def curves(rows: list[dict], steps: int) -> dict[tuple[str, str], list[tuple[flo
         if r["gen_ppl"] and r["steps"] == (1 if r["process"] == "autoregressive" else steps):
             out.setdefault((r["recipe"], r["sampler"]), []).append((r["entropy"], r["gen_ppl"]))
     return {key: sorted(points) for key, points in out.items()}
-
-
-def at_entropy(points: list[tuple[float, float]], target: float) -> float | None:
-    """Gen-PPL at ``target`` bits of entropy, interpolated in log gen-PPL between the two
-    temperatures that bracket it (None outside the swept range: no extrapolation)."""
-    for (h0, p0), (h1, p1) in zip(points, points[1:], strict=False):
-        if h0 <= target <= h1 and h1 > h0:
-            w = (target - h0) / (h1 - h0)
-            return math.exp((1 - w) * math.log(p0) + w * math.log(p1))
-    return None
 
 
 def frontier(rows: list[dict], args: argparse.Namespace) -> str:

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import launch
 from budget import duration
-from continuous import at_entropy
+
+from cdlm.evaluation.frontier import at_entropy
 
 CORPORA = {"austen": [], "chars": ["data=world:chars"]}
 # recipe -> (overrides, per-corpus extra overrides)

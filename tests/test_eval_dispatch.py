@@ -80,8 +80,12 @@ def test_the_metric_target_is_what_runs(tiny_checkpoint, tmp_path):
         ("tiny_masked_checkpoint", ["sampler=confidence", "num_samples=2", "repeats=1"]),
         ("tiny_checkpoint", ["metric=elbo", "metric.t_samples=1"]),
         ("tiny_masked_checkpoint", ["task=write", "task.samples=2", "cases=2"]),
+        (
+            "tiny_masked_checkpoint",
+            ["metric=frontier", "metric.temperatures=[0.5,1]", "num_samples=2"],
+        ),
     ],
-    ids=["report", "elbo", "task"],
+    ids=["report", "elbo", "task", "frontier"],
 )
 def test_the_model_loads_once_and_its_sampler_is_chosen_once(
     ckpt, args, counts, request, tiny_corpus, tmp_path

@@ -3,7 +3,6 @@ experiments/distill.py (goals per method, hand-written prose kept) on hand-made 
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,6 @@ from test_speed_table import _script
 continuous = _script("continuous", "experiments")
 distill = _script("distill", "experiments")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_gen_ppl_at_an_entropy_interpolates_in_log_and_never_extrapolates():
-    points = [(7.0, 100.0), (8.0, 1000.0), (9.0, 1000.0)]
-    assert continuous.at_entropy(points, 7.5) == pytest.approx(math.sqrt(100.0 * 1000.0))
-    assert continuous.at_entropy(points, 7.0) == pytest.approx(100.0)
-    assert continuous.at_entropy(points, 8.5) == pytest.approx(1000.0)
-    assert continuous.at_entropy(points, 6.9) is None
-    assert continuous.at_entropy(points, 9.1) is None
 
 
 def test_grid_is_every_step_count_at_t1_then_the_temperatures_at_the_frontier_steps():

@@ -1,8 +1,8 @@
 """``cdlm-eval``: the full report of a model and sampler (quality beside real text, the val
-bound, speed and work), or its held-out likelihood alone (ELBO or ODE NLL), or a task's rows,
-or ``--compare`` several JSON reports in one table. The JSON report goes beside the model
-unless ``out=`` says otherwise, and a model folder's card (README.md) gets the measured
-figures."""
+bound, speed and work), or its held-out likelihood alone (ELBO or ODE NLL), MAUVE against real
+text, the temperature frontier, or a task's rows, or ``--compare`` several JSON reports in one
+table. The JSON report goes beside the model unless ``out=`` says otherwise, and a model
+folder's card (README.md) gets the measured figures."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ RULES = {
     "metric.atol": POSITIVE,
     "metric.t_samples": COUNT,
     "metric.probes": COUNT,
+    "metric.seeds": COUNT,
     "steps": Number(integer=True, at_least=1, nullable=True),
     "num_samples": COUNT,
     "repeats": COUNT,

@@ -19,7 +19,7 @@ from cdlm.evaluation.quality import Scorer, diversity, generative_perplexity, sc
 from cdlm.evaluation.report import log_to_wandb, summary_markdown
 from cdlm.evaluation.speed import measure
 from cdlm.evaluation.world_score import world_of, world_sections, world_spec
-from cdlm.generation import Plan, check_whole_canvases, decode
+from cdlm.generation import Plan, Sample, check_whole_canvases, decode
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
 
@@ -183,18 +183,25 @@ def _text_sections(
         "scorer": scorer.name if scorer else None,
         "scorer_is_base": judged_by_base,
         "samples": text_quality([s.token_ids for s in samples], [s.text for s in samples], scorer),
-        "reference": _reference_quality(model, val, samples, scorer),
+        "reference": reference_quality(model, val, samples, scorer),
     }
     return quality, val_bits_per_token(model, val[:sequences], seed, draws=draws)
 
 
-def _reference_quality(model: Model, val: torch.Tensor, samples, scorer: Scorer | None) -> dict:
-    """Real text at equal length: the first len(sample i) tokens of val sequence i, its EOS
-    (paragraph ends) kept as line breaks."""
-    reference = [
+def reference_texts(model: Model, val: torch.Tensor, samples: list[Sample]) -> list[Sample]:
+    """Real text at equal length: the first len(sample i) tokens of val sequence i (at least 2,
+    so a scorer has a token to score), its EOS (paragraph ends) kept as line breaks."""
+    return [
         decode(model.tokenizer, row[: max(2, len(s.token_ids))], cut_at_eos=False)
         for row, s in zip(val.tolist(), samples, strict=False)
     ]
+
+
+def reference_quality(
+    model: Model, val: torch.Tensor, samples: list[Sample], scorer: Scorer | None
+) -> dict:
+    """``text_quality`` of ``reference_texts``: the real text beside ``samples``."""
+    reference = reference_texts(model, val, samples)
     return text_quality([r.token_ids for r in reference], [r.text for r in reference], scorer)
 
 

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from cdlm.evaluation.quality import Scorer, load_scorer
-from cdlm.generation import Choice, choose
+from cdlm.generation import Choice, Plan, Sample, choose, generate
 from cdlm.model_file import Model, load_model
 
 
@@ -74,3 +74,26 @@ def load(
 def scorer_of(name: str, device: torch.device) -> Scorer | None:
     """The gen-PPL scorer a ``scorer=`` value names: ``default``, an HF causal LM, or none."""
     return None if name == "none" else load_scorer(None if name == "default" else name, device)
+
+
+def draw(
+    loaded: Loaded,
+    cfg: DictConfig,
+    seed: int,
+    sampler: Callable | None = None,
+    temperature: float | None = None,
+) -> list[Sample]:
+    """``cfg.num_samples`` samples of ``seed`` with the chosen sampler (or ``sampler``) and
+    steps on ``cfg.grid``, cut at EOS or whole canvases as ``cfg.cut_at_eos`` says (as the
+    report draws them, untimed); ``temperature``: the gaussian x0 softmax temperature (None:
+    ``cfg.temperature``)."""
+    plan = Plan(
+        num_samples=cfg.num_samples,
+        seq_len=loaded.model.config["seq_len"],
+        steps=loaded.choice.steps,
+        seed=seed,
+        grid=cfg.grid,
+        denoising={"temperature": cfg.temperature if temperature is None else temperature},
+        cut_at_eos=cfg.cut_at_eos,
+    )
+    return generate(loaded.model, sampler or loaded.choice.sampler, plan).samples

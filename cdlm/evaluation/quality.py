@@ -81,13 +81,7 @@ def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8)
     skip = len(lead)  # targets 0..skip-1 are the text's first token and the specials' own
     total_nll, total = 0.0, 0
     for start in range(0, len(keep), batch_size):
-        chunk = keep[start : start + batch_size]
-        width = max(map(len, chunk))
-        ids = torch.zeros(len(chunk), width, dtype=torch.long, device=device)
-        valid = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
-        for row, seq in enumerate(chunk):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            valid[row, : len(seq)] = True
+        ids, valid = padded(keep[start : start + batch_size], device)
         logits = scorer.model(input_ids=ids, attention_mask=valid.long()).logits
         logp = logits[:, :-1].double().log_softmax(-1)
         nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -97,6 +91,18 @@ def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8)
         total += int(scored.sum())
     ppl = math.exp(total_nll / total) if total else math.nan
     return GenPPL(ppl=ppl, scored_tokens=total, skipped=len(texts) - len(keep))
+
+
+def padded(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, W) ids of ``seqs`` padded on the right with 0, and (B, W) bool: which are real. A
+    causal LM reads every real position as it would alone, whatever follows it."""
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=device)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        valid[row, : len(seq)] = True
+    return ids, valid
 
 
 def _leading_specials(tokenizer) -> list[int]:

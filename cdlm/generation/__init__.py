@@ -9,6 +9,7 @@ from cdlm.generation.choice import (
     named_sampler,
     stops_at_eos,
     with_cache,
+    with_temperature,
 )
 from cdlm.generation.generate import generate
 from cdlm.generation.plan import DEFAULT_STEPS, ROUNDINGS, Generation, Plan, Sample, decode
@@ -28,4 +29,5 @@ __all__ = [
     "named_sampler",
     "stops_at_eos",
     "with_cache",
+    "with_temperature",
 ]

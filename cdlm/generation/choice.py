@@ -1,5 +1,6 @@
 """Choosing a sampler: by name, the process's default, a distilled student's recorded choice,
-and the options a caller may add (a KV cache); what a chosen sampler implies for scoring."""
+and the options a caller may add (a KV cache, a temperature); what a chosen sampler implies for
+scoring."""
 
 from __future__ import annotations
 
@@ -106,6 +107,27 @@ def with_cache(sampler: Callable, cache: Any) -> Callable:
             "sampler always keeps its exact KV cache: sampler.use_cache)"
         )
     keywords = dict(getattr(sampler, "keywords", {})) | {"cache": cache}
+    return functools.partial(fn, *getattr(sampler, "args", ()), **keywords)
+
+
+def with_temperature(sampler: Callable, temperature: float) -> Callable:
+    """``sampler`` drawing at ``temperature``: its step rule's (masked and block samplers:
+    ``rule.temperature``), else its own (AR, uniform-state, speculative, a gaussian sampler's
+    token draws); a clean error for a sampler that draws nothing (the gaussian ODE solvers,
+    whose temperature is the x0 softmax's: ``Plan.denoising``)."""
+    fn = unwrapped(sampler)
+    params = inspect.signature(fn).parameters
+    keywords = dict(getattr(sampler, "keywords", {}))
+    rule = keywords.get("rule", params["rule"].default if "rule" in params else None)
+    if rule is not None and "temperature" in {f.name for f in dataclasses.fields(rule)}:
+        keywords["rule"] = dataclasses.replace(rule, temperature=temperature)
+    elif "temperature" in params:
+        keywords["temperature"] = temperature
+    else:
+        raise ValueError(
+            f"sampler {sampler_name(sampler)!r} draws no tokens, so it has no temperature; "
+            "choose one that draws (e.g. ancestral, ar, duo_ancestral)"
+        )
     return functools.partial(fn, *getattr(sampler, "args", ()), **keywords)
 
 
