@@ -199,6 +199,7 @@ class BlockProcess(MaskedProcess):
 
     kind = "block"
     default_sampler = "block"
+    trains_on_prompts = False  # its two-stream loss does not hold a prompt yet
 
     def __init__(
         self,
