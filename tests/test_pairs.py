@@ -260,10 +260,10 @@ def sums(n: int = 40) -> list[dict]:
     return [{"prompt": f"{a}+{a % 7}=", "response": str(a + a % 7)} for a in range(n)]
 
 
-@pytest.mark.parametrize("process", ["masked", "autoregressive"])
+@pytest.mark.parametrize("process", ["masked", "autoregressive", "gaussian"])
 def test_cdlm_train_on_pairs(tmp_path, process):
     path = write(tmp_path / "sums.jsonl", sums())
-    extra = ["condition.prompt_dropout=0.2"] if process == "masked" else []
+    extra = [] if process == "autoregressive" else ["condition.prompt_dropout=0.5"]
     result = run_main(
         "cdlm-train",
         f"process={process}",
