@@ -105,6 +105,30 @@ def test_masked_dropout_shows_the_prompt_masked_and_still_does_not_score_it():
     assert not touched(spy, out.loss)[PROMPT].any()
 
 
+class BlockSpy(Spy):
+    """The two-stream calls of block diffusion: both streams' outputs are the spy's logits."""
+
+    def streams(self, z, clean, **kw):
+        self.seen.append((z.detach().clone(), None))
+        return self.logits, self.logits
+
+    def parameterize(self, out, z) -> Prediction:
+        return Prediction(logits=out.log_softmax(-1))
+
+
+def test_block_never_masks_the_prompt_in_either_complementary_half():
+    process = BlockProcess(vocab_size=V, mask_id=MASK, eos_id=0, block_size=2, complementary=True)
+    rows = 16
+    spy = BlockSpy((4 * rows, TOKENS.shape[1]))  # the batch and its complement
+    out = process.loss(spy, batch(rows), torch.Generator().manual_seed(0))
+    z, _ = spy.seen[0]
+    prompt, response = PROMPT.repeat(2 * rows, 1), RESPONSE.repeat(2 * rows, 1)
+    assert torch.equal(z[prompt], TOKENS.repeat(2 * rows, 1)[prompt])
+    masked = z == MASK
+    assert masked[response].any() and not masked[prompt].any()
+    assert torch.equal(touched(spy, out.loss), masked & response)
+
+
 def test_gaussian_holds_the_prompt_as_sampling_does_and_scores_the_response():
     """A held prompt is the corruption's own alpha x0 + sigma eps at the row's level (what
     ``hold_fixed`` feeds at sampling): the same input as without a prompt, the same draws."""
@@ -175,7 +199,7 @@ def test_prompt_dropout_rate():
 @pytest.mark.parametrize(
     ("make", "dropout", "message"),
     [
-        (lambda: BlockProcess(vocab_size=V, mask_id=MASK, eos_id=0), 0.0, "process=block"),
+        (lambda: BlockProcess(vocab_size=V, mask_id=MASK, eos_id=0), 0.1, "process=block"),
         (lambda: UniformProcess(vocab_size=V), 0.0, "process=uniform"),
         (lambda: AutoregressiveProcess(vocab_size=V, bos_id=0), 0.1, "prompt guidance"),
     ],
@@ -260,10 +284,11 @@ def sums(n: int = 40) -> list[dict]:
     return [{"prompt": f"{a}+{a % 7}=", "response": str(a + a % 7)} for a in range(n)]
 
 
-@pytest.mark.parametrize("process", ["masked", "autoregressive", "gaussian"])
+@pytest.mark.parametrize("process", ["masked", "autoregressive", "gaussian", "block"])
 def test_cdlm_train_on_pairs(tmp_path, process):
     path = write(tmp_path / "sums.jsonl", sums())
-    extra = [] if process == "autoregressive" else ["condition.prompt_dropout=0.5"]
+    guided = process in ("masked", "gaussian")  # prompt dropout trains for prompt guidance
+    extra = ["condition.prompt_dropout=0.5"] if guided else []
     result = run_main(
         "cdlm-train",
         f"process={process}",
@@ -282,10 +307,7 @@ def test_cdlm_train_on_pairs(tmp_path, process):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (
-            ["data.format=pairs", "process=block"],
-            "data.format=pairs does not support process=block",
-        ),
+        (["data.format=pairs", "process=uniform"], "does not support process=uniform"),
         (["process=masked", "condition.prompt_dropout=0.1"], "prompt_dropout applies to"),
     ],
 )

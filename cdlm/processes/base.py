@@ -223,7 +223,7 @@ class ProcessModule(nn.Module):
         if not self.trains_on_prompts:
             raise ValueError(
                 f"data.format=pairs does not support process={self.kind}: it does not hold a "
-                "prompt in training (masked, gaussian and autoregressive do)"
+                "prompt in training (masked, block, gaussian and autoregressive do)"
             )
         if prompt_dropout > 0 and self.sequential:
             raise ValueError(

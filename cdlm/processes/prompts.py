@@ -26,6 +26,10 @@ class Prompt:
     held: Tensor
     blank: Tensor
 
+    def repeat(self, k: int) -> Prompt:
+        """The prompt of a batch stacked ``k`` times on itself (complementary masking)."""
+        return Prompt(self.held.repeat(k, 1), self.blank.repeat(k, 1))
+
 
 def prompt_of(batch: dict[str, Tensor]) -> Prompt | None:
     """The batch's prompt, split by prompt dropout; None when the batch has none."""
