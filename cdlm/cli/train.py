@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.cli.common import default_wandb_mode, hydra_args, run
+from cdlm.data.datamodule import FORMATS
 from cdlm.run.build import setup
 from cdlm.run.folder import claim, discard_if_unused, hold, resume_point
 from cdlm.training.guard import Diverged
@@ -23,6 +24,7 @@ from cdlm.validation import (
     FRACTION,
     POSITIVE,
     SEED,
+    Choice,
     Number,
     UsageError,
     check,
@@ -39,8 +41,10 @@ RULES = {
     "data.val_fraction": FRACTION,
     "data.packing": FLAG,
     "data.streaming": FLAG,
+    "data.format": Choice(FORMATS),
     "condition.dropout": Number(at_least=0, at_most=1),
     "condition.labels": FLAG,
+    "condition.prompt_dropout": Number(at_least=0, at_most=1),
     "trainer.max_steps": Number(integer=True, nullable=True, note=NO_LIMIT),
     "optimizer.lr": POSITIVE,
     "phases.ar": Number(at_least=0, below=1),
@@ -79,6 +83,10 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
         ar + anneal <= 1.0,
         f"phases.ar and phases.anneal are shares of the budget (ar < 1, ar + anneal <= 1), got "
         f"ar={ar}, anneal={anneal}",
+    )
+    require(
+        cfg.condition.prompt_dropout == 0 or cfg.data.get("format") == "pairs",
+        "condition.prompt_dropout applies to prompt→response training (data.format=pairs)",
     )
     validate_files(cfg)
     # Each process reads the schedule group that fits it; a choice it ignores is a mistake.

@@ -1,5 +1,6 @@
 """LightningDataModule: documents -> tokens -> fixed-length sequences with a label each, held in
-memory, or with ``streaming`` read as a stream (``data/streaming.py``)."""
+memory, or with ``streaming`` read as a stream (``data/streaming.py``); or, with
+``format=pairs``, one prompt→response row per example (``data/pairs.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from cdlm.data.corpus import Document, load_documents
 from cdlm.data.order import BatchShards, ResumableLoader, ResumableSampler
+from cdlm.data.pairs import PairDataset, encode_pairs, read_pairs
 from cdlm.data.streaming import (
     PackedStream,
     StreamCorpus,
@@ -20,6 +22,8 @@ from cdlm.data.streaming import (
     held_out_sequences,
 )
 from cdlm.data.tokenizer import corpus_bpe, pretrained
+
+FORMATS = ("text", "pairs")
 
 
 class SequenceDataset(Dataset):
@@ -39,6 +43,14 @@ class SequenceDataset(Dataset):
         if self.pad_id is not None:
             item["valid"] = self.tokens[i] != self.pad_id
         return item
+
+    def counted_tokens(self) -> torch.Tensor:
+        """The ids that are text, not PAD (the unigram prior's counts)."""
+        return (
+            self.tokens.flatten()
+            if self.pad_id is None
+            else self.tokens[self.tokens != self.pad_id]
+        )
 
 
 class RankedData(L.LightningDataModule):
@@ -88,6 +100,9 @@ class TextDataModule(RankedData):
             documents held out (by a hash of their text), ``val_sequences`` caps the validation
             set, the corpus BPE and unigram prior come from the first ``sample_documents``, and
             there are no labels.
+        format: ``text`` (documents, as above) or ``pairs``: ``path`` is a JSONL file of
+            prompt→response pairs, one row each, the prompt marked (``data/pairs.py``); the last
+            ``val_fraction`` of the pairs is held out, and there are no labels.
         subset, split: the Hub dataset's subset (config name) and split.
         shuffle_buffer: streaming: documents shuffled together in each reader (0: stream order).
     """
@@ -112,8 +127,13 @@ class TextDataModule(RankedData):
         val_sequences: int = 256,
         sample_documents: int = 10_000,
         shuffle_buffer: int = 0,
+        format: str = "text",
     ) -> None:
         super().__init__()
+        if format not in FORMATS:
+            raise ValueError(f"unknown data.format {format!r}; valid: {', '.join(FORMATS)}")
+        if format == "pairs" and streaming:
+            raise ValueError("data.format=pairs reads its file whole: data.streaming must be false")
         if seq_len < 2:
             raise ValueError(f"data.seq_len must be >= 2, got {seq_len}")
         if batch_size < 1:
@@ -128,14 +148,14 @@ class TextDataModule(RankedData):
         self.seed = seed
         self.streaming, self.subset, self.split = streaming, subset, split
         self.val_sequences, self.sample_documents = val_sequences, sample_documents
-        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_buffer, self.format = shuffle_buffer, format
         self.order: ResumableSampler | None = None
         self.stream: PackedStream | None = None  # this rank's, when streaming
         self.unigram_sample: torch.Tensor | None = None
         self.tokenizer = None
         self.labels: list[str] = []
-        self.train_set: SequenceDataset | PackedStream | None = None
-        self.val_set: SequenceDataset | None = None
+        self.train_set: SequenceDataset | PairDataset | PackedStream | None = None
+        self.val_set: SequenceDataset | PairDataset | None = None
 
     def use_tokenizer(self, tokenizer) -> None:
         """Tokenise with ``tokenizer`` (a model's own) instead of building one; before setup."""
@@ -146,6 +166,9 @@ class TextDataModule(RankedData):
             return
         if self.streaming:
             self._setup_stream()
+            return
+        if self.format == "pairs":
+            self._setup_pairs()
             return
         docs = load_documents(self.path, self.text_column, self.label_column, self.split)
         if self.tokenizer is None:  # else given by use_tokenizer (e.g. a teacher's)
@@ -167,6 +190,22 @@ class TextDataModule(RankedData):
                 f"{self.seq_len} tokens; give more text or a smaller data.seq_len"
             )
         self.train_set, self.val_set = self._dataset(train), self._dataset(val)
+
+    def _setup_pairs(self) -> None:
+        """One row per pair; the last ``val_fraction`` of the pairs (at least one) held out."""
+        if self.tokenizer is None and self.tokenizer_name:
+            self.tokenizer = pretrained(self.tokenizer_name)
+        pairs = read_pairs(self.path, self.tokenizer)  # a chat template needs the tokenizer
+        if self.tokenizer is None:
+            texts = [Document(f"{p.prompt}\n{p.response}", "") for p in pairs]
+            self.tokenizer = corpus_bpe(texts, self.vocab_size_target, self.cache_dir)
+        n_val = max(1, round(len(pairs) * self.val_fraction))
+        if len(pairs) - n_val < 1:
+            raise ValueError(f"data.path={self.path} holds {len(pairs)} pair(s); give at least 2")
+        rows = [pairs[: len(pairs) - n_val], pairs[len(pairs) - n_val :]]
+        self.train_set, self.val_set = (
+            PairDataset(encode_pairs(self.tokenizer, part, self.seq_len)) for part in rows
+        )
 
     def _setup_stream(self) -> None:
         for ok, problem in (
@@ -228,12 +267,7 @@ class TextDataModule(RankedData):
         """(V,) log-frequencies of the training tokens (add-one smoothed): the no-context
         readout that training diagnostics compare the model against. Streamed: of the first
         ``sample_documents`` training documents."""
-        if self.streaming:
-            tokens = self.unigram_sample
-        else:
-            tokens = self.train_set.tokens.flatten()
-            if self.train_set.pad_id is not None:
-                tokens = tokens[tokens != self.train_set.pad_id]
+        tokens = self.unigram_sample if self.streaming else self.train_set.counted_tokens()
         counts = torch.bincount(tokens, minlength=self.vocab_size)
         counts = counts.double() + 1.0
         return (counts / counts.sum()).log().float()

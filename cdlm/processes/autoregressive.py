@@ -59,6 +59,7 @@ class AutoregressiveProcess(TokenProcess):
     sequential = True  # one sampler step (and callback) per token
     causal = True
     next_token_layout = True  # output i predicts token i from [BOS, x_0, ..., x_{i-1}]
+    trains_on_prompts = True  # the prompt is its clean left context; valid_mask skips it
 
     def __init__(
         self,
@@ -83,6 +84,12 @@ class AutoregressiveProcess(TokenProcess):
     @property
     def canvas_id(self) -> int:
         return self.bos_id
+
+    def check_prompts(self, prompt_dropout: float) -> None:
+        """Also refuses fill-in-the-middle rows, whose reordering would move the prompt."""
+        super().check_prompts(prompt_dropout)
+        if self.fim_rate > 0:
+            raise ValueError("data.format=pairs needs process.fim_rate=0 (FIM reorders rows)")
 
     @torch.no_grad()
     def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
@@ -127,7 +134,8 @@ class AutoregressiveProcess(TokenProcess):
         self, denoiser: NextTokenPredictor, batch: dict[str, Tensor], generator=None
     ) -> LossOutput:
         """Exact NLL of the sequence, nats per valid token (in training, of the FIM-formatted
-        rows as they stand)."""
+        rows as they stand); of the response given the prompt for prompt→response rows, whose
+        prompt ``valid_mask`` leaves out."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         if self.training and self.fim_rate > 0:
             tokens, valid = fim.transform(

@@ -80,7 +80,9 @@ class Process(Protocol):
     ``self_conditions`` (its network reads its own previous estimate), ``mask_id`` (the
     absorbing token of a corruption that masks, else None), ``canvas_id`` (the placeholder of
     an undecided canvas position, else None), ``block_size`` (the training blocks of a block
-    layout, else None), ``fim`` (the sentinels of a fill-in-the-middle model, else None).
+    layout, else None), ``fim`` (the sentinels of a fill-in-the-middle model, else None),
+    ``trains_on_prompts`` (its loss holds the prompt of prompt→response rows and scores the
+    response only: ``cdlm.processes.prompts``).
     """
 
     kind: str
@@ -97,6 +99,7 @@ class Process(Protocol):
     canvas_id: int | None
     block_size: int | None
     fim: Any
+    trains_on_prompts: bool
     vocab_size: int
     ar_phase: bool
 
@@ -105,6 +108,8 @@ class Process(Protocol):
     def time_warp(self) -> Any: ...
 
     def set_progress(self, progress: float) -> None: ...
+
+    def check_prompts(self, prompt_dropout: float) -> None: ...
 
     def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor: ...
 
@@ -191,6 +196,7 @@ class ProcessModule(nn.Module):
     canvas_id: int | None = None
     block_size: int | None = None
     fim: Any = None
+    trains_on_prompts = False
 
     def grid_schedule(self) -> nn.Module | None:
         """The noise schedule a logSNR-spaced sampling grid reads, or None."""
@@ -209,6 +215,21 @@ class ProcessModule(nn.Module):
         sampler = self._time_sampler()
         if sampler is not None:
             sampler.set_progress(progress)
+
+    def check_prompts(self, prompt_dropout: float) -> None:
+        """Refuses prompt→response training (``data.format=pairs``) that this process cannot
+        do: any, unless it ``trains_on_prompts``; prompt dropout, which trains the unconditional
+        branch of prompt guidance, where its samplers take no prompt guidance (``sequential``)."""
+        if not self.trains_on_prompts:
+            raise ValueError(
+                f"data.format=pairs does not support process={self.kind}: it does not hold a "
+                "prompt in training (masked, block, gaussian and autoregressive do)"
+            )
+        if prompt_dropout > 0 and self.sequential:
+            raise ValueError(
+                f"condition.prompt_dropout > 0 trains for prompt guidance, which the {self.kind} "
+                "process does not take; set condition.prompt_dropout=0"
+            )
 
     def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:
         """(B,) the mean log-probability of each row's ``hidden`` tokens of ``ids`` (B, L) given

@@ -34,6 +34,7 @@ from cdlm.networks.two_tower import stream_flags
 from cdlm.processes.base import LossOutput
 from cdlm.processes.losses import next_token_loss, valid_mask
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
+from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.time_samplers import stratified_times
 
 
@@ -231,6 +232,16 @@ class BlockProcess(MaskedProcess):
         self.causal_clean, self.ar_weight = causal_clean, float(ar_weight)
         self.complementary = complementary
 
+    def check_prompts(self, prompt_dropout: float) -> None:
+        """Also refuses prompt dropout: the clean stream would still show a dropped prompt to
+        every later block."""
+        super().check_prompts(prompt_dropout)
+        if prompt_dropout > 0:
+            raise ValueError(
+                "condition.prompt_dropout > 0 is not supported by process=block: its clean "
+                "stream shows the prompt to every later block"
+            )
+
     @property
     def verifies(self) -> bool:
         """Whether the clean stream is a causal next-token model that can verify drafts."""
@@ -246,7 +257,8 @@ class BlockProcess(MaskedProcess):
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """The block ELBO integrand in nats per valid token (the bound, in evaluation), plus in
         training ``ar_weight`` times the clean stream's next-token NLL; an AR phase trains that
-        next-token NLL alone."""
+        next-token NLL alone. A prompt (``cdlm.processes.prompts``) is never masked in the noisy
+        stream, as at sampling, nor scored."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         if self.training and self.ar_phase:
             if not self.shift:
@@ -257,6 +269,9 @@ class BlockProcess(MaskedProcess):
         if self.training and self.complementary:
             c = self.with_complement(c)
             tokens, valid = c.tokens, valid.repeat(2, 1)
+        prompt = prompt_of(batch)
+        if prompt is not None:  # after the complement, which would mask a held prompt
+            c = hold_tokens(c, prompt.repeat(len(tokens) // len(batch["tokens"])), self.mask_id)
         noisy, clean = denoiser.streams(c.x_t, c.tokens)
         logp = denoiser.parameterize(noisy, c.x_t).logits
         integrand, _ = self.elbo_terms(logp, c, valid)

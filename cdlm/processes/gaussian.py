@@ -28,6 +28,7 @@ from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.losses import masked_mean, mean_hidden, next_token_loss, valid_mask
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import check_pieces
+from cdlm.processes.prompts import hold_embeddings, prompt_of
 from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -65,6 +66,7 @@ class GaussianProcess(ProcessModule):
     exact_likelihood = False
     noise_levels = True
     sequential = False
+    trains_on_prompts = True
 
     def __init__(
         self,
@@ -252,7 +254,8 @@ class GaussianProcess(ProcessModule):
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """batch["tokens"]: (B, L) (PAD excluded through batch["valid"]). The objective averaged
-        over positions; in the AR phase, the next-token NLL of clean input."""
+        over positions; in the AR phase, the next-token NLL of clean input. A prompt is held
+        as sampling holds one (``prompts.hold_embeddings``) and never scored."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         if self.training and self.ar_phase:
             if not self.next_token_layout:
@@ -261,6 +264,10 @@ class GaussianProcess(ProcessModule):
         n, length = tokens.shape
         t = self.sample_t(n, generator, device=tokens.device, length=length)
         c = self.corrupt(tokens, t, generator)
+        prompt = prompt_of(batch)
+        if prompt is not None:
+            c = hold_embeddings(c, prompt, generator)
+            t = c.t
         coin = torch.rand((), device=tokens.device, generator=generator)
         self_cond = self.training and bool(coin < self.input.self_cond_prob)
         pred = self.predict(denoiser, c.x_t, c.t, self_cond)

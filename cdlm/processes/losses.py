@@ -14,10 +14,14 @@ from cdlm.processes.base import LossOutput
 
 
 def valid_mask(batch: dict[str, Tensor]) -> Tensor:
-    """(B, L) bool: the positions that count (PAD excluded when the data pads, as MDLM does)."""
+    """(B, L) bool: the positions that are scored: PAD excluded when the data pads (as MDLM
+    does), and the prompt of prompt→response rows (``cdlm.processes.prompts``), which the model
+    conditions on and never predicts."""
     tokens = batch["tokens"]
     valid = batch.get("valid")
-    return torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+    valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+    prompt = batch.get("prompt")
+    return valid if prompt is None else valid & ~prompt.bool()
 
 
 def masked_mean(values: Tensor, valid: Tensor) -> Tensor:

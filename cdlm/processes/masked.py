@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
 from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
+from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
 
@@ -121,6 +122,7 @@ class MaskedProcess(TokenProcess):
     noise_levels = True
     sequential = False
     causal = False
+    trains_on_prompts = True
 
     def __init__(
         self,
@@ -225,7 +227,8 @@ class MaskedProcess(TokenProcess):
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
         """The continuous-time ELBO integrand in nats per valid token, at t from ``sample_t``
         (in evaluation an unbiased bound on -log p). In the AR phase of training: the next-token
-        NLL of clean input under causal attention."""
+        NLL of clean input under causal attention. A prompt (``cdlm.processes.prompts``) is
+        never masked, as at sampling, nor scored: the bound is then on the response given it."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         if self.training and self.ar_phase:
             if not self.shift:
@@ -234,6 +237,9 @@ class MaskedProcess(TokenProcess):
             return next_token_loss(denoiser(tokens, zeros, subs=False).logits, tokens, valid)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         c = self.corrupt(tokens, t, generator)
+        prompt = prompt_of(batch)
+        if prompt is not None:
+            c = hold_tokens(c, prompt, self.mask_id)
         integrand, per_masked = self.elbo(denoiser, c, valid)
         nats = integrand.sum() / valid.sum().clamp_min(1)
         observation = None

@@ -54,6 +54,8 @@ def build(cfg: DictConfig) -> Parts:
     """From the config, or with ``teacher=PATH`` the teacher's tokenizer, sequence length and
     process and a student copy of its network (distillation modules)."""
     if cfg.get("teacher"):
+        if cfg.data.get("format") == "pairs":
+            raise ValueError("data.format=pairs trains with module=diffusion, not distillation")
         teacher = load_model(cfg.teacher)
         data = instantiate(cfg.data, seq_len=teacher.config["seq_len"], seed=cfg.seed)
         data.use_tokenizer(teacher.tokenizer)
@@ -84,6 +86,8 @@ def _process(cfg: DictConfig, data) -> tuple[dict, Process, dict]:
     """(the vocabulary facts filled in, the process, the network widths it asks for)."""
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
+    if cfg.data.get("format") == "pairs":
+        process.check_prompts(cfg.condition.prompt_dropout)
     network_kwargs = process.network_kwargs | {
         "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted prediction
         "num_classes": len(data.labels) if cfg.condition.labels else 0,

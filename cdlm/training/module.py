@@ -13,6 +13,7 @@ from cdlm.data.order import global_batch_index
 from cdlm.denoiser import Denoiser
 from cdlm.evaluation.levels import level_metrics
 from cdlm.processes.base import Process
+from cdlm.processes.prompts import drop_prompts
 from cdlm.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -76,6 +77,9 @@ class DiffusionLM(L.LightningModule):
         label_dropout: for a class-conditional network, the probability that a training
             sequence's label is dropped (classifier-free guidance training). Validation always
             scores the unconditional model, the one comparable with unlabelled baselines.
+        prompt_dropout: for prompt→response rows, the probability that a training row's prompt
+            is shown at the prior (``cdlm.processes.prompts``): the unconditional branch that
+            prompt guidance mixes. Validation scores the response given the prompt.
         eval_times: noise levels at which validation logs CE and token accuracy.
         log_prior: (V,) unigram log-probabilities of the training data; with it, validation also
             logs the no-context readout at each level (``val/base_ce_t*``, ``val/base_acc_t*``)
@@ -92,6 +96,7 @@ class DiffusionLM(L.LightningModule):
         optimizer: OptimizerFactory,
         lr_scheduler: SchedulerFactory | None = None,
         label_dropout: float = 0.1,
+        prompt_dropout: float = 0.0,
         eval_times: Sequence[float] = (0.1, 0.5, 0.9),
         log_prior: torch.Tensor | None = None,
         model_config: dict | None = None,
@@ -101,6 +106,9 @@ class DiffusionLM(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.eval_times = tuple(eval_times)
         self.label_dropout = check_label_dropout(label_dropout)
+        if not 0.0 <= prompt_dropout <= 1.0:
+            raise ValueError(f"prompt_dropout must be in [0, 1], got {prompt_dropout}")
+        self.prompt_dropout = prompt_dropout
         self.model_config = model_config or {}
         self.register_buffer("log_prior", log_prior, persistent=False)
         self.val_means = ValidationMeans()
@@ -111,6 +119,7 @@ class DiffusionLM(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         labels = training_labels(self.network, batch, self.label_dropout)
+        batch = drop_prompts(batch, self.prompt_dropout)
         out = self.process.loss(with_labels(self.denoiser, labels), batch)
         self.process.observe(out)  # the one place a learned time sampler sees the losses
         self.log("train/loss", out.loss, prog_bar=True)

@@ -1,0 +1,81 @@
+"""The prompt of prompt→response training rows (``data.format=pairs``), as a loss reads it.
+
+A batch of pairs carries ``prompt`` (B, L) bool: the positions the model conditions on and is
+never scored on (``losses.valid_mask`` leaves them out). Prompt dropout (``condition.
+prompt_dropout``) marks whole rows in ``prompt_dropped`` (B,): their prompt is shown at the
+prior, as the unconditional pass of prompt guidance shows it at sampling (``cdlm.guidance.
+Guided``), so that one model learns both branches that guidance mixes. A batch without
+``prompt`` has no prompt, and every loss is then exactly the unconditional one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from cdlm.processes.base import Corrupted
+
+
+@dataclass
+class Prompt:
+    """held: (B, L) prompt positions shown as sampling holds a prompt; blank: (B, L) prompt
+    positions of dropped rows, shown at the prior."""
+
+    held: Tensor
+    blank: Tensor
+
+    def repeat(self, k: int) -> Prompt:
+        """The prompt of a batch stacked ``k`` times on itself (complementary masking)."""
+        return Prompt(self.held.repeat(k, 1), self.blank.repeat(k, 1))
+
+
+def prompt_of(batch: dict[str, Tensor]) -> Prompt | None:
+    """The batch's prompt, split by prompt dropout; None when the batch has none."""
+    prompt = batch.get("prompt")
+    if prompt is None:
+        return None
+    prompt = prompt.bool()
+    dropped = batch.get("prompt_dropped")
+    blank = prompt & dropped[:, None] if dropped is not None else torch.zeros_like(prompt)
+    return Prompt(prompt & ~blank, blank)
+
+
+def drop_prompts(
+    batch: dict[str, Tensor], p: float, generator: torch.Generator | None = None
+) -> dict[str, Tensor]:
+    """``batch`` with each row's prompt dropped with probability ``p`` (``prompt_dropped``);
+    ``batch`` itself when it has no prompt or ``p`` is 0, so unconditional training draws no
+    extra random numbers."""
+    if p == 0 or "prompt" not in batch:
+        return batch
+    tokens = batch["tokens"]
+    u = torch.rand(tokens.shape[0], device=tokens.device, generator=generator)
+    return batch | {"prompt_dropped": u < p}
+
+
+def hold_tokens(c: Corrupted, prompt: Prompt, blank_id: int) -> Corrupted:
+    """A token corruption with the prompt held clean (never corrupted) and the dropped prompts
+    at the prior, every position ``blank_id`` (the [MASK] of masked diffusion)."""
+    x_t = torch.where(prompt.held, c.tokens, c.x_t)
+    x_t = torch.where(prompt.blank, blank_id, x_t)
+    return replace(c, x_t=x_t, noisy=(c.noisy & ~prompt.held) | prompt.blank)
+
+
+def hold_embeddings(c: Corrupted, prompt: Prompt, generator=None) -> Corrupted:
+    """An embedding corruption with the prompt shown as sampling shows it. A held prompt is what
+    gaussian ``hold_fixed`` feeds, the truth noised to the row's own level, which the corruption
+    holds already, so it is unchanged. A dropped one is at the prior: fresh N(0, I) noise at
+    level 1, as prompt guidance's unconditional pass shows it (``Guided.unconditional``)."""
+    if not bool(prompt.blank.any()):
+        return c
+    blank = prompt.blank[..., None]
+    draw = torch.randn(c.x_t.shape, device=c.x_t.device, generator=generator).to(c.x_t.dtype)
+    levels = c.t if c.t.dim() == 2 else c.t[:, None].expand(prompt.blank.shape)
+    return replace(
+        c,
+        x_t=torch.where(blank, draw, c.x_t),
+        t=torch.where(prompt.blank, torch.ones_like(levels), levels),
+        noise=torch.where(blank, draw, c.noise),
+    )
