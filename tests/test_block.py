@@ -10,7 +10,8 @@ import torch
 from test_sampler_contract import Seeing
 
 from cdlm.networks.transformer import Transformer
-from cdlm.processes.block import BlockProcess, vectorised_mask
+from cdlm.processes.block import BlockProcess
+from cdlm.processes.block_masks import vectorised_mask
 from cdlm.processes.masked import MaskedProcess
 from cdlm.samplers import uniform_grid
 from cdlm.samplers.blockwise import Calls, DualCache, PrefixCache

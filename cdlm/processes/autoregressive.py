@@ -12,8 +12,9 @@ from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, full_precision
 from cdlm.processes import fim
-from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.losses import valid_mask
+from cdlm.processes.token_process import TokenProcess
 
 
 class NextTokenPredictor(NetworkDenoiser):

@@ -32,48 +32,11 @@ from torch import Tensor, nn
 from cdlm.denoiser import Denoiser, Prediction
 from cdlm.networks.two_tower import stream_flags
 from cdlm.processes.base import LossOutput
+from cdlm.processes.block_masks import chunk_mask, clean_visibility, vectorised_mask
 from cdlm.processes.losses import next_token_loss, valid_mask
 from cdlm.processes.masked import MaskedDenoiser, MaskedProcess
 from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.time_samplers import stratified_times
-
-
-def clean_visibility(q: Tensor, k: Tensor, block_size: int, causal: bool) -> Tensor:
-    """Which clean keys (positions ``k``) clean queries (positions ``q``) see: up to their own
-    block, or (``causal``) up to themselves. (len(q), len(k)) bool."""
-    if causal:
-        return k[None, :] <= q[:, None]
-    return (k[None, :] // block_size) <= (q[:, None] // block_size)
-
-
-def vectorised_mask(length: int, block_size: int, causal_clean: bool = False, device=None):
-    """(2L, 2L) bool, True = visible, over [x_t (L), x0 (L)] (BD3-LM Sec. 3.2)."""
-    pos = torch.arange(length, device=device)
-    block = pos // block_size
-    q, k = block[:, None], block[None, :]
-    noisy_sees = torch.cat([q == k, k < q], dim=1)  # its own block; clean blocks before it
-    clean = clean_visibility(pos, pos, block_size, causal_clean)
-    clean_sees = torch.cat([torch.zeros_like(clean), clean], dim=1)
-    return torch.cat([noisy_sees, clean_sees], dim=0)
-
-
-def chunk_mask(
-    past: int, clean: Tensor, window: int, block_size: int, causal_clean: bool
-) -> Tensor:
-    """(C + W, past + C + W) mask of a call after ``past`` cached clean positions: the clean
-    positions ``clean`` (C, written by the call) see the cache and the clean chunk by
-    ``clean_visibility``, never the window; the window (W positions, one block) sees all."""
-    c, device = len(clean), clean.device
-    top = torch.cat(
-        [
-            torch.ones(c, past, dtype=torch.bool, device=device),
-            clean_visibility(clean, clean, block_size, causal_clean),
-            torch.zeros(c, window, dtype=torch.bool, device=device),
-        ],
-        dim=1,
-    )
-    bottom = torch.ones(window, past + c + window, dtype=torch.bool, device=device)
-    return torch.cat([top, bottom], dim=0)
 
 
 @dataclass

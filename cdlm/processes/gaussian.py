@@ -48,13 +48,12 @@ class GaussianProcess(ProcessModule):
         input: ``VectorInput`` (x_t, optionally self-conditioned; the default) or
             ``PosteriorInput`` (soft tokens, optionally shifted).
         objective: ``CrossEntropy`` (CDCD; the default) or ``X0MSE`` (Diffusion-LM).
-        time_sampler: where training draws t (``cdlm.time_samplers``; default stratified
-            uniform). Evaluation always draws stratified uniform t.
-        token_noise: share of training sequences whose tokens each draw their own level (from
-            the time sampler): hidden tokens beside readable ones, as in masked diffusion. Needs
-            ``PosteriorInput`` or ``CrossEntropy(readout_skip=True)`` (they see each level).
+        time_sampler: where training draws t (``cdlm.time_samplers``); evaluation: stratified.
+        token_noise: share of training sequences whose tokens each draw their own level: hidden
+            tokens beside readable ones, as in masked diffusion (needs ``PosteriorInput`` or
+            ``CrossEntropy(readout_skip=True)``, which see each level).
         importance_weight: weight each token's CE by 1 / density(t) of the time sampler: the
-            uniform-t objective whatever the proposal (off: the proposal reshapes the objective).
+            uniform-t objective whatever the proposal.
         prediction: pieces between network and objective (``XPrediction``, ``PreconditionSkip``).
         default_sampler: the conf/sampler/ name cdlm-sample uses when given none.
         eos_id: the BOS of a shifted input and of the AR phase (filled in from the tokenizer).
@@ -244,8 +243,7 @@ class GaussianProcess(ProcessModule):
         return torch.randn(*shape, self.embed_dim, device=device, generator=generator)
 
     def predict(self, denoiser: Denoiser, x_t: Tensor, t: Tensor, self_cond: bool) -> Prediction:
-        """One training/eval prediction; with self-conditioning, a first gradient-free pass
-        supplies the estimate the second pass is conditioned on (Chen et al. 2022)."""
+        """With self-conditioning, a gradient-free first pass gives the estimate (Chen 2022)."""
         estimate = None
         if self_cond:
             with torch.no_grad():
@@ -253,9 +251,8 @@ class GaussianProcess(ProcessModule):
         return denoiser(x_t, t, estimate)
 
     def loss(self, denoiser: Denoiser, batch: dict[str, Tensor], generator=None) -> LossOutput:
-        """batch["tokens"]: (B, L) (PAD excluded through batch["valid"]). The objective averaged
-        over positions; in the AR phase, the next-token NLL of clean input. A prompt is held
-        as sampling holds one (``prompts.hold_embeddings``) and never scored."""
+        """The objective averaged over valid positions (a prompt held as sampling holds one,
+        ``prompts.hold_embeddings``, never scored); in an AR phase, the clean next-token NLL."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         if self.training and self.ar_phase:
             if not self.next_token_layout:
@@ -264,8 +261,7 @@ class GaussianProcess(ProcessModule):
         n, length = tokens.shape
         t = self.sample_t(n, generator, device=tokens.device, length=length)
         c = self.corrupt(tokens, t, generator)
-        prompt = prompt_of(batch)
-        if prompt is not None:
+        if (prompt := prompt_of(batch)) is not None:
             c = hold_embeddings(c, prompt, generator)
             t = c.t
         coin = torch.rand((), device=tokens.device, generator=generator)

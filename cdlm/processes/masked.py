@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
-from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
 from cdlm.processes.prompts import hold_tokens, prompt_of
+from cdlm.processes.token_process import TokenProcess
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
 

@@ -24,10 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
-from cdlm.processes.base import Corrupted, LevelEval, LossOutput, TokenProcess
+from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.duality import argmax_pair, draw_runner, logsnr_of_alpha
 from cdlm.processes.losses import valid_mask
+from cdlm.processes.token_process import TokenProcess
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
 
