@@ -36,28 +36,35 @@ def test_a_temperature_reaches_a_masked_samplers_rule_and_any_other_sampler_itse
         with_temperature(named_sampler("euler"), 0.5)  # an ODE solver draws nothing
 
 
+def frontier(ckpt, temperatures: str, scorer: str, corpus, tmp_path):
+    """``cdlm-eval metric=frontier`` on a tiny model: (the finished command, its JSON report)."""
+    out = tmp_path / "frontier.json"
+    result = run_main(
+        "cdlm-eval",
+        f"ckpt={ckpt}",
+        "metric=frontier",
+        f"metric.temperatures={temperatures}",
+        "num_samples=8",
+        "steps=4",
+        f"scorer={scorer}",
+        f"data.path={corpus}",
+        "wandb=false",
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads(out.read_text())
+
+
 def test_cdlm_eval_frontier_gives_a_point_per_temperature_colder_ones_less_diverse(
     tiny_masked_checkpoint,
     tiny_corpus,
     tiny_base,  # noqa: F811
     tmp_path,
 ):
-    out = tmp_path / "frontier.json"
-    result = run_main(
-        "cdlm-eval",
-        f"ckpt={tiny_masked_checkpoint}",
-        "metric=frontier",
-        "metric.temperatures=[1.0,0.05,0.5]",
-        "num_samples=8",
-        "steps=4",
-        f"scorer=hf:{tiny_base}",
-        f"data.path={tiny_corpus}",
-        "wandb=false",
-        f"out={out}",
-        cwd=tmp_path,
+    result, report = frontier(
+        tiny_masked_checkpoint, "[1.0,0.05,0.5]", f"hf:{tiny_base}", tiny_corpus, tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
     points = report["points"]
     assert [p["temperature"] for p in points] == [0.05, 0.5, 1.0]
     entropies = [p["entropy"] for p in points]
@@ -74,22 +81,7 @@ def test_cdlm_eval_frontier_gives_a_point_per_temperature_colder_ones_less_diver
 def test_a_gaussian_frontier_tempers_the_x0_softmax_and_without_a_scorer_gives_entropies(
     tiny_checkpoint, tiny_corpus, tmp_path
 ):
-    out = tmp_path / "frontier.json"
-    result = run_main(
-        "cdlm-eval",
-        f"ckpt={tiny_checkpoint}",
-        "metric=frontier",
-        "metric.temperatures=[0.05,1.0]",
-        "num_samples=8",
-        "steps=4",
-        "scorer=none",
-        f"data.path={tiny_corpus}",
-        "wandb=false",
-        f"out={out}",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    _, report = frontier(tiny_checkpoint, "[0.05,1.0]", "none", tiny_corpus, tmp_path)
     cold, warm = report["points"]
     assert cold["entropy"] < warm["entropy"]  # measured: 1.65 against 6.44 bits
     assert cold["gen_ppl"] is None and report["gen_ppl_at_reference_entropy"] is None
