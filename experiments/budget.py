@@ -97,9 +97,15 @@ def train(name: str, out: Path, budget_s: float, extra: list[str]) -> dict:
     return {"ckpt": str(init), "stages": stages}
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """The CSV logger's rows of a run's last attempt (a failed start leaves an earlier version)."""
+    versions = sorted(run_dir.glob("csv/version_*"), key=lambda p: int(p.name.split("_")[1]))
+    with open(versions[-1] / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
 def last_step(run_dir: Path) -> int:
-    with open(run_dir / "csv" / "version_0" / "metrics.csv") as f:
-        steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
+    steps = [int(r["step"]) for r in metrics(run_dir) if r.get("step")]
     return max(steps) + 1 if steps else 0
 
 

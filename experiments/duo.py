@@ -22,7 +22,6 @@ phase's commit is recorded).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -32,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import launch
-from budget import duration
+from budget import duration, last_step, metrics
 
 from cdlm.evaluation.frontier import at_entropy
 
@@ -134,17 +133,6 @@ def students(run_dir: Path) -> dict[int, Path]:
     return {int(p.stem.split("_")[1].removesuffix("steps")): p for p in found}
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    """The CSV logger's rows of a run's last attempt (a failed start leaves an earlier version)."""
-    versions = sorted(run_dir.glob("csv/version_*"), key=lambda p: int(p.name.split("_")[1]))
-    with open(versions[-1] / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def last_step(run_dir: Path) -> int:
-    return max(int(r["step"]) for r in metrics(run_dir) if r.get("step")) + 1
-
-
 def val_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, val bits/token) at every validation of a training run."""
     rows = [r for r in metrics(run_dir) if r.get("val/bits_per_token")]
@@ -164,15 +152,14 @@ def configs(process: str, world: bool, length: int) -> list[tuple[str, str, dict
 
 
 def sampler_with(process: str, name: str, options: dict, temperature: float):
-    """(the sampler, the gaussian x0 temperature): a masked rule, the uniform samplers and AR
-    take the temperature themselves; gaussian's goes to its sampling denoiser."""
-    from cdlm.generation import named_sampler
+    """(the sampler, the gaussian x0 temperature): gaussian's temperature goes to its sampling
+    denoiser, every token sampler draws at it itself (``with_temperature``)."""
+    from cdlm.generation import named_sampler, with_temperature
 
+    sampler = named_sampler(name, **options)
     if process == "gaussian":
-        return named_sampler(name, **options), temperature
-    if process == "masked":
-        return named_sampler(name, **options, rule={"temperature": temperature}), 1.0
-    return named_sampler(name, **options, temperature=temperature), 1.0
+        return sampler, temperature
+    return with_temperature(sampler, temperature), 1.0
 
 
 def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:

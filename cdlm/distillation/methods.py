@@ -11,8 +11,8 @@ from torch import Tensor
 from cdlm.denoiser import Denoiser
 from cdlm.distillation.targets import (
     Divergence,
-    ReverseKL,
     consistency_pair,
+    divergence_or_default,
     progressive_target,
     sdtt_target,
 )
@@ -135,12 +135,7 @@ class SDTT:
     def __init__(
         self, divergence: Divergence | None = None, teacher_steps_per_step: int = 2
     ) -> None:
-        if divergence is not None and not isinstance(divergence, Divergence):
-            raise ValueError(
-                f"unknown divergence {divergence!r}; valid: a cdlm.distillation.targets.Divergence "
-                "(ReverseKL, ForwardKL, LogProbMSE)"
-            )
-        self.divergence = ReverseKL() if divergence is None else divergence
+        self.divergence = divergence_or_default(divergence)
         self.teacher_steps_per_step = teacher_steps_per_step
 
     def loss(
@@ -177,12 +172,7 @@ class DCD:
     teacher_steps_per_step = 2  # the teacher's one step is half the student's
 
     def __init__(self, divergence: Divergence | None = None) -> None:
-        if divergence is not None and not isinstance(divergence, Divergence):
-            raise ValueError(
-                f"unknown divergence {divergence!r}; valid: a cdlm.distillation.targets.Divergence "
-                "(ReverseKL, ForwardKL, LogProbMSE)"
-            )
-        self.divergence = ReverseKL() if divergence is None else divergence
+        self.divergence = divergence_or_default(divergence)
 
     def loss(
         self, process, student: Denoiser, teacher: Denoiser, batch, steps: int, generator=None

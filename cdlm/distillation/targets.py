@@ -144,6 +144,19 @@ class LogProbMSE(Divergence):
         return (s - q) ** 2
 
 
+def divergence_or_default(divergence: Divergence | None) -> Divergence:
+    """``divergence``, or ``ReverseKL`` (SDTT's and Duo's default) when None; anything else is
+    refused in one line (a Hydra config can hand over any object)."""
+    if divergence is None:
+        return ReverseKL()
+    if not isinstance(divergence, Divergence):
+        raise ValueError(
+            f"unknown divergence {divergence!r}; valid: a cdlm.distillation.targets.Divergence "
+            "(ReverseKL, ForwardKL, LogProbMSE)"
+        )
+    return divergence
+
+
 def halvings(start: int, end: int) -> list[int]:
     """Student step counts of progressive rounds: start/2, start/4, ... down to ``end``."""
     if start < 2 or end < 1 or end >= start:
