@@ -31,7 +31,7 @@ from cdlm.evaluation.context import context_use
 from cdlm.evaluation.frontier import at_entropy
 from cdlm.evaluation.harness import evaluate_checkpoint
 from cdlm.evaluation.quality import load_scorer
-from cdlm.generation import named_sampler
+from cdlm.generation import named_sampler, with_temperature
 from cdlm.io import atomic_path, atomic_write_text
 from cdlm.likelihood.evaluate import corpus_split
 from cdlm.model_file import load_model
@@ -135,12 +135,10 @@ def measure(
     to the x0 softmax for gaussian (the process's sampling denoiser) and to the sampler (a masked
     sampler's step rule) for token processes, which refuse the process-level one. The bound on the first config only."""
     name, options, steps, temperature = config
-    token_t = {"temperature": temperature}  # the AR sampler's; a masked sampler's rule's
-    if process != "autoregressive":
-        token_t = {} if process == "gaussian" else {"rule": token_t}
+    sampler, x0_temperature = sampler_at(process, named_sampler(name, **options), temperature)
     return evaluate_checkpoint(
         ckpt,
-        named_sampler(name, **options, **token_t),
+        sampler,
         steps=steps,
         num_samples=args.num_samples,
         seed=0,
@@ -151,8 +149,16 @@ def measure(
         likelihood_sequences=args.likelihood_sequences if i == 0 else 1,
         likelihood_draws=args.likelihood_draws if i == 0 else 1,
         cut_at_eos=False,
-        temperature=1.0 if token_t else temperature,
+        temperature=x0_temperature,
     )
+
+
+def sampler_at(process: str, sampler, temperature: float):
+    """(the sampler, the gaussian x0 temperature): gaussian's temperature goes to its sampling
+    denoiser, every token sampler draws at it itself (``with_temperature``)."""
+    if process == "gaussian":
+        return sampler, temperature
+    return with_temperature(sampler, temperature), 1.0
 
 
 def configs(process: str, args: argparse.Namespace) -> list[tuple]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import launch
 from budget import duration, last_step, metrics
+from continuous import sampler_at
 
 from cdlm.evaluation.frontier import at_entropy
 
@@ -151,17 +152,6 @@ def configs(process: str, world: bool, length: int) -> list[tuple[str, str, dict
     return out
 
 
-def sampler_with(process: str, name: str, options: dict, temperature: float):
-    """(the sampler, the gaussian x0 temperature): gaussian's temperature goes to its sampling
-    denoiser, every token sampler draws at it itself (``with_temperature``)."""
-    from cdlm.generation import named_sampler, with_temperature
-
-    sampler = named_sampler(name, **options)
-    if process == "gaussian":
-        return sampler, temperature
-    return with_temperature(sampler, temperature), 1.0
-
-
 def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
     """Every config of one model: samples scored by the world or the scorer, and its bound."""
     import torch
@@ -170,7 +160,7 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
     from cdlm.evaluation.harness import text_quality
     from cdlm.evaluation.quality import load_scorer
     from cdlm.evaluation.world_score import canvas, world_of, world_quality, world_sections
-    from cdlm.generation import Plan, generate
+    from cdlm.generation import Plan, generate, named_sampler
     from cdlm.likelihood.evaluate import validation_tokens
     from cdlm.model_file import load_model
     from cdlm.rng import generator
@@ -186,7 +176,7 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
         found = [("duo_ancestral", "duo_ancestral", {}, spec["steps"], 1.0)]
     rows, bound = [], None
     for label, name, options, steps, temperature in found:
-        sampler, x0_t = sampler_with(process, name, options, temperature)
+        sampler, x0_t = sampler_at(process, named_sampler(name, **options), temperature)
         plan = Plan(
             num_samples=args.num_samples,
             seq_len=length,
