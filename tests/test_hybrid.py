@@ -186,3 +186,14 @@ def test_cli_trains_and_samples_the_hybrid(trained, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 2 and all(r["nfe"] == 4 for r in records)
+
+
+def test_levels_given_per_token_are_taken_as_given():
+    """A caller that chooses each token's level (``context_ceiling``) gets exactly those levels:
+    the hybrid draw is for one time per row."""
+    proc, _ = built()
+    ids = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(1))
+    levels = torch.tensor([[0.0, 0.5, 0.9], [0.9, 0.9, 0.2]], dtype=F64)
+    c = proc.corrupt(ids, levels, torch.Generator().manual_seed(2))
+    assert torch.equal(c.t, levels) and bool(c.noisy.all())
+    torch.testing.assert_close(c.x_t, proc.noised(proc.embedding(ids), levels, c.noise))

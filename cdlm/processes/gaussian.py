@@ -204,9 +204,9 @@ class GaussianProcess(ProcessModule):
     def corrupt(
         self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
     ) -> Corrupted:
-        """Embeds ``tokens`` (B, L) and noises them to ``t`` ((B,) or (B, L)); with
-        ``hybrid``, only its corrupted share, at t (B,) (``hybrid_corrupt``)."""
-        if self.hybrid is not None:
+        """Embeds ``tokens`` (B, L) and noises them to ``t`` ((B,) or (B, L)); with ``hybrid``
+        and t (B,), only its corrupted share (``hybrid_corrupt``); levels (B, L) are as given."""
+        if self.hybrid is not None and t.dim() == 1:
             return hybrid_corrupt(self, tokens, t, generator)
         x0 = self.embedding(tokens)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)

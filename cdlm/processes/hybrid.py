@@ -64,8 +64,6 @@ def hybrid_corrupt(
 ) -> Corrupted:
     """One draw of the hybrid corruption of ``tokens`` (B, L) at ``t`` (B,): corrupted tokens
     noised to t, anchors exact embeddings at level 0; ``Corrupted.t`` holds the (B, L) levels."""
-    if t.dim() != 1:
-        raise ValueError("the hybrid corruption draws one time per row, (B,), not per token")
     x0 = process.embedding(tokens)
     noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
     noisy = process.hybrid.corrupted(t, tokens.shape, generator)
