@@ -85,6 +85,7 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "self_cond": ("GaussianProcess", "Warped", 1.0, []),
     "xpred": ("GaussianProcess", "Warped", 1.0, ["XPrediction", "PreconditionSkip"]),
     "combined": ("GaussianProcess", "LogSNRGumbel", 0.5, ["XPrediction", "PreconditionSkip"]),
+    "candi": ("GaussianProcess", "Stratified", 0.0, []),  # docs/levers.md, issue 39
     "masked": ("MaskedProcess", None, None, None),
     "autoregressive": ("AutoregressiveProcess", None, None, None),
 }
@@ -104,9 +105,11 @@ def test_each_recipe_builds_the_process_it_names(recipe):
         return
     assert type(obj.time_sampler).__name__ == levels and obj.token_noise == token_noise
     assert [type(p).__name__ for p in obj.prediction] == pieces
-    assert (type(obj.input).__name__, cfg.phases.ar > 0) == (
-        ("VectorInput", False) if recipe == "self_cond" else ("PosteriorInput", True)
+    reading = {"self_cond": ("VectorInput", False), "candi": ("PosteriorInput", False)}
+    assert (type(obj.input).__name__, cfg.phases.ar > 0) == reading.get(
+        recipe, ("PosteriorInput", True)
     )
+    assert (obj.hybrid is not None) == (recipe == "candi")
     instantiate(cfg.network, **obj.network_kwargs, max_seq_len=9)
 
 

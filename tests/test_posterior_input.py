@@ -135,10 +135,10 @@ def test_gaussian_ar_phase_then_annealing_then_diffusion():
 
 
 def test_posterior_input_refuses_what_it_cannot_do():
-    """Self-conditioning with a posterior input and a shift without one cannot be asked for any
-    more (``PosteriorInput`` takes no self-conditioning, ``VectorInput`` no shift); a posterior
-    input now composes with either objective; a shift still needs its BOS, and an AR phase a
-    shift."""
+    """A shift without a posterior input cannot be asked for (``VectorInput`` takes no shift);
+    a posterior input is not self-conditioned unless asked (``self_cond_prob``, see
+    tests/test_self_cond_posterior.py) and composes with either objective; a shift still needs
+    its BOS, and an AR phase a shift."""
     ids = torch.randint(0, 10, (2, 6))
     proc = GaussianProcess(10, embed_dim=4, input=PosteriorInput()).train()
     assert proc.input.self_cond_prob == 0 and not proc.network_kwargs["self_condition"]
@@ -151,8 +151,8 @@ def test_posterior_input_refuses_what_it_cannot_do():
 
     proc.loss(counting, {"tokens": ids})
     assert calls == [None]  # one pass, never self-conditioned, even in training
-    with pytest.raises(TypeError):
-        PosteriorInput(self_cond_prob=0.5)
+    with pytest.raises(ValueError, match="self_cond_prob"):
+        PosteriorInput(self_cond_prob=1.5)
     with pytest.raises(TypeError):
         VectorInput(shift=True)
     # what used to be refused (objective=mse) composes now: soft tokens in, x0 out

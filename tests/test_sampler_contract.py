@@ -38,7 +38,8 @@ from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
 from cdlm.processes.block import BlockDenoiser, BlockProcess
 from cdlm.processes.gaussian import GaussianProcess
-from cdlm.processes.inputs import VectorInput
+from cdlm.processes.hybrid import HybridMasking
+from cdlm.processes.inputs import PosteriorInput, VectorInput
 from cdlm.processes.masked import MaskedProcess
 from cdlm.processes.uniform import UniformProcess
 from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
@@ -64,6 +65,10 @@ def make_process(kind: str) -> nn.Module:
     builders: dict[str, Callable[[], nn.Module]] = {
         "gaussian": lambda: GaussianProcess(
             vocab_size=V, embed_dim=D, input=VectorInput(self_cond_prob=0.5)
+        ),
+        # CANDI's hybrid corruption (sampler=hybrid): soft-token input, which sees the anchors
+        "hybrid_gaussian": lambda: GaussianProcess(
+            vocab_size=V, embed_dim=D, input=PosteriorInput(), hybrid=HybridMasking()
         ),
         "masked": lambda: MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=EOS, shift=False),
         "autoregressive": lambda: AutoregressiveProcess(vocab_size=V, bos_id=EOS),
@@ -230,6 +235,7 @@ CASES: dict[str, Case] = {
     # revises: every step calls the network, masked or not (its last step unmasks the rest)
     "remdm": Case("masked", per_step, per_step),
     "speculative": Case("block", verified_and_drafted, verified, build="verifying_block"),
+    "hybrid": Case("gaussian", per_step, per_step, build="hybrid_gaussian"),
 }
 
 # Further options whose NFE and positions accounting differs: the rolling per-token grid,

@@ -57,6 +57,7 @@ class CausalLM(AttentionPattern, nn.Module):
         lora_rank: > 0 trains LoRA adapters (``peft``) on the attention and MLP projections
             and freezes the rest (the label embedding stays trainable).
         gradient_checkpointing: recompute decoder layers in the backward pass (less memory).
+        self_condition, self_cond_dim: refused (taken so that the refusal names the problem).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class CausalLM(AttentionPattern, nn.Module):
         max_seq_len: int = 1024,
         num_classes: int = 0,
         self_condition: bool = False,
+        self_cond_dim: int | None = None,
         lora_rank: int = 0,
         lora_alpha: float = 16.0,
         gradient_checkpointing: bool = False,

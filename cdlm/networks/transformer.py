@@ -122,9 +122,11 @@ class Transformer(AttentionPattern, nn.Module):
         out_dim: width of each output vector (e.g. the vocabulary size, for logits).
         d_model, n_layers, n_heads, mlp_ratio, dropout: the usual Transformer sizes.
         max_seq_len: longest sequence the rotary tables cover.
-        self_condition: accept a second input of width ``in_dim`` (the previous estimate of the
-            clean data, Chen et al. 2022 "Analog Bits"); zeros stand in when it is absent.
-            Vector input only.
+        self_condition: accept a second input (the previous estimate of the clean data, Chen et
+            al. 2022 "Analog Bits"); zeros stand in when it is absent. Vector input: of width
+            ``in_dim``, concatenated to the input; token input: of width ``self_cond_dim``,
+            projected and added to the token embedding.
+        self_cond_dim: width of the self-conditioning input of a token-input network.
         causal: causal instead of bidirectional attention.
         num_classes: > 0 makes the network class-conditional: a label embedding (plus one for
             "no label", label -1) joins the noise conditioning of every adaLN block.
@@ -144,14 +146,15 @@ class Transformer(AttentionPattern, nn.Module):
         self_condition: bool = True,
         causal: bool = False,
         num_classes: int = 0,
+        self_cond_dim: int | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
             raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} even heads")
         if (in_dim is None) == (in_vocab is None):
             raise ValueError("give exactly one of in_dim (vector input) or in_vocab (token input)")
-        if in_vocab is not None and self_condition:
-            raise ValueError("self_condition needs vector input (in_dim), not token input")
+        if in_vocab is not None and self_condition and self_cond_dim is None:
+            raise ValueError("self_condition with token input (in_vocab) needs self_cond_dim")
         self.in_dim, self.out_dim, self.d_model = in_dim, out_dim, d_model
         self.self_condition, self.causal = self_condition, causal
         # Share of future keys a bidirectional network may attend to in training: below 1 while
@@ -162,6 +165,8 @@ class Transformer(AttentionPattern, nn.Module):
             if in_vocab is not None
             else nn.Linear(in_dim * (2 if self_condition else 1), d_model)
         )
+        if in_vocab is not None and self_condition:
+            self.self_cond_proj = nn.Linear(self_cond_dim, d_model)
         self.time_mlp = nn.Sequential(
             nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model)
         )
@@ -203,12 +208,17 @@ class Transformer(AttentionPattern, nn.Module):
         and denoises a block in one call; it replaces the causal/annealed/cache mask. Returns (B, L, out_dim)."""
         length, past = x.shape[1], 0 if cache is None else cache.length
         rope = check_positions(x.shape[0], length, past, positions, self.rotary.cos.shape[0])
-        if self.self_condition:
+        tokens_in = isinstance(self.in_proj, nn.Embedding)
+        if self.self_condition and not tokens_in:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
-        if isinstance(self.in_proj, nn.Embedding) and x.is_floating_point():
+        if tokens_in and x.is_floating_point():
             h = x.to(self.in_proj.weight.dtype) @ self.in_proj.weight  # soft tokens
         else:
             h = self.in_proj(x)
+        if self.self_condition and tokens_in:
+            width = self.self_cond_proj.in_features
+            estimate = h.new_zeros(*h.shape[:2], width) if self_cond is None else self_cond
+            h = h + self.self_cond_proj(estimate.to(h.dtype))
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
         if self.num_classes > 0:
             c = c + self.label_embed.of(label, x.shape[0], x.device).to(c.dtype)

@@ -24,10 +24,17 @@ from cdlm.denoiser import (
 )
 from cdlm.networks.embedding import NormalizedEmbedding
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput, ProcessModule
+from cdlm.processes.hybrid import HybridMasking, check_hybrid, hybrid_corrupt, hybrid_token_loss
 from cdlm.processes.inputs import PosteriorInput, VectorInput
-from cdlm.processes.losses import masked_mean, mean_hidden, next_token_loss, valid_mask
+from cdlm.processes.losses import (
+    level_observation,
+    masked_mean,
+    mean_hidden,
+    next_token_loss,
+    valid_mask,
+)
 from cdlm.processes.objectives import X0MSE, CrossEntropy
-from cdlm.processes.parameterization import check_pieces
+from cdlm.processes.parameterization import check_pieces, check_reading
 from cdlm.processes.prompts import hold_embeddings, prompt_of
 from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
@@ -56,6 +63,9 @@ class GaussianProcess(ProcessModule):
             uniform-t objective whatever the proposal.
         prediction: pieces between network and objective (``XPrediction``, ``PreconditionSkip``).
         default_sampler: the conf/sampler/ name cdlm-sample uses when given none.
+        hybrid: ``HybridMasking``: CANDI's corruption, Gaussian noise on a masking schedule's
+            share of tokens and the rest clean anchors, with its loss (``cdlm.processes.hybrid``;
+            sampler=hybrid).
         eos_id: the BOS of a shifted input and of the AR phase (filled in from the tokenizer).
     """
 
@@ -81,27 +91,12 @@ class GaussianProcess(ProcessModule):
         prediction: list | None = None,
         default_sampler: str = "ddpm",
         eos_id: int | None = None,
+        hybrid: HybridMasking | None = None,
     ) -> None:
         super().__init__()
         self.input = input if input is not None else VectorInput()
         self.objective = objective if objective is not None else CrossEntropy()
-        if not isinstance(self.objective, CrossEntropy | X0MSE):
-            raise ValueError(f"unknown objective {objective!r}; valid: ce, mse (objective=ce)")
-        if not isinstance(self.input, VectorInput | PosteriorInput):
-            raise ValueError(f"unknown input {input!r}; valid: vector, posterior (input=vector)")
-        if self.input.shift:
-            if eos_id is None:
-                raise ValueError("a shifted input needs eos_id (the BOS it starts with)")
-            self.input.bos_id = eos_id
-        if not 0.0 <= token_noise <= 1.0:
-            raise ValueError(f"token_noise must be in [0, 1], got {token_noise}")
-        if token_noise > 0 and not (
-            self.input.sees_token_levels or self.objective.sees_token_levels
-        ):
-            raise ValueError(
-                "token_noise > 0 needs input=posterior or objective.readout_skip=true (pieces "
-                "that tell the network each token's own level)"
-            )
+        check_reading(self.input, self.objective, token_noise, eos_id)
         self.vocab_size, self.embed_dim, self.eos_id = vocab_size, embed_dim, eos_id
         self.schedule = schedule if schedule is not None else CosineSchedule()
         self.embedding = NormalizedEmbedding(vocab_size, embed_dim, embed_scale)
@@ -111,11 +106,17 @@ class GaussianProcess(ProcessModule):
         if importance_weight and not isinstance(self.objective, CrossEntropy):
             raise ValueError("process.importance_weight applies to objective=ce")
         self.prediction = check_pieces(list(prediction or []), self.objective)
-        self.default_sampler = default_sampler
+        self.default_sampler, self.hybrid = default_sampler, check_hybrid(self, hybrid)
 
     @property
     def self_conditions(self) -> bool:
         return self.input.self_cond_prob > 0
+
+    def unmask_share(self, t: Tensor, s: Tensor) -> Tensor:
+        """``HybridMasking.unmask_share`` (sampler=hybrid); refused without ``hybrid``."""
+        if self.hybrid is None:
+            raise ValueError("sampler=hybrid needs a model trained with process.hybrid (CANDI)")
+        return self.hybrid.unmask_share(t, s)
 
     def grid_schedule(self) -> nn.Module:
         return self.schedule
@@ -125,8 +126,7 @@ class GaussianProcess(ProcessModule):
         """The hidden tokens at pure noise, the rest nearly clean (``CLEAN_LEVEL``): one seeded
         noise draw shared by every row, so a row's score does not depend on its batch."""
         t = torch.where(hidden, 1.0, CLEAN_LEVEL).to(ids.device)
-        x0 = self.embedding(ids)
-        g = torch.Generator(ids.device).manual_seed(0)
+        x0, g = self.embedding(ids), torch.Generator(ids.device).manual_seed(0)
         noise = torch.randn(x0.shape[1:], device=x0.device, generator=g, dtype=x0.dtype)
         x_t = self.noised(x0, t, noise.expand_as(x0))
         logp = self.predict(denoiser, x_t, t, self.self_conditions).logits.log_softmax(-1)
@@ -204,7 +204,10 @@ class GaussianProcess(ProcessModule):
     def corrupt(
         self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None
     ) -> Corrupted:
-        """Embeds ``tokens`` (B, L) and noises them to ``t`` ((B,) or (B, L))."""
+        """Embeds ``tokens`` (B, L) and noises them to ``t`` ((B,) or (B, L)); with ``hybrid``
+        and t (B,), only its corrupted share (``hybrid_corrupt``); levels (B, L) are as given."""
+        if self.hybrid is not None and t.dim() == 1:
+            return hybrid_corrupt(self, tokens, t, generator)
         x0 = self.embedding(tokens)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
         noisy = torch.ones_like(tokens, dtype=torch.bool)
@@ -259,7 +262,7 @@ class GaussianProcess(ProcessModule):
                 raise ValueError("an AR phase needs a shifted input (input=posterior shift=true)")
             return next_token_loss(denoiser.next_token_logits(tokens), tokens, valid)
         n, length = tokens.shape
-        t = self.sample_t(n, generator, device=tokens.device, length=length)
+        t = rows = self.sample_t(n, generator, device=tokens.device, length=length)
         c = self.corrupt(tokens, t, generator)
         if (prompt := prompt_of(batch)) is not None:
             c = hold_embeddings(c, prompt, generator)
@@ -267,21 +270,18 @@ class GaussianProcess(ProcessModule):
         coin = torch.rand((), device=tokens.device, generator=generator)
         self_cond = self.training and bool(coin < self.input.self_cond_prob)
         pred = self.predict(denoiser, c.x_t, c.t, self_cond)
-        loss, metrics, ce_tokens = self.objective.loss(pred, c, valid, self, generator)
+        if self.hybrid is None:
+            loss, metrics, ce_tokens = self.objective.loss(pred, c, valid, self, generator)
+        else:  # CANDI's weighted CE of the corrupted tokens
+            ce_tokens, metrics = hybrid_token_loss(self.hybrid, pred, c, rows), {}
+            loss = masked_mean(ce_tokens, valid)
         if self.training and self.importance_weight:
             density = self.time_sampler.density(t).to(ce_tokens.dtype)
             loss = masked_mean(ce_tokens / per_position(density)[..., 0].clamp_min(1e-6), valid)
         for piece in self.prediction:
             term, more = piece.loss(pred, c, valid)
             loss, metrics = loss + term, metrics | more
-        observation = None
-        if self.training:
-            shared = torch.ones(n, dtype=torch.bool, device=t.device)
-            if t.dim() == 2:  # rows with per-token levels say nothing about one level
-                shared = (t == t[:, :1]).all(-1)
-            per_seq = (ce_tokens * valid).sum(-1) / valid.sum(-1).clamp_min(1)
-            level = t if t.dim() == 1 else t[:, 0]
-            observation = (level[shared].detach(), per_seq[shared].detach())
+        observation = level_observation(t, ce_tokens, valid) if self.training else None
         return LossOutput(loss, metrics, observation)
 
     @torch.no_grad()

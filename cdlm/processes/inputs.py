@@ -33,6 +33,10 @@ class VectorInput:
     def __call__(self, x_t: Tensor, t: Tensor, embedding: nn.Module, schedule) -> Tensor:
         return x_t
 
+    def estimate(self, self_cond: Tensor | None) -> Tensor | None:
+        """The previous x0 estimate (B, L, D) laid out as the network's input rows."""
+        return self_cond
+
 
 class PosteriorInput:
     """The network reads, at each position, the posterior over tokens that the position's own
@@ -42,16 +46,32 @@ class PosteriorInput:
 
     ``shift``: position i's prediction is read from output i - 1 of [BOS, inputs] (Dream, Ye et
     al. 2025), the layout of a next-token predictor; the process supplies the BOS id.
+
+    ``self_cond_prob`` > 0: self-conditioning as ``VectorInput`` has it (that share of training
+    batches, and every sampling call after the first, also feed the previous x0 estimate), the
+    estimate entering each row beside the soft token it estimates (a zero row beside the BOS).
     """
 
     sees_token_levels = True
-    self_cond_prob = 0.0
 
-    def __init__(self, shift: bool = False, bos_id: int | None = None) -> None:
-        self.shift, self.bos_id = shift, bos_id
+    def __init__(
+        self, shift: bool = False, bos_id: int | None = None, self_cond_prob: float = 0.0
+    ) -> None:
+        if not 0.0 <= self_cond_prob <= 1.0:
+            raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
+        self.shift, self.bos_id, self.self_cond_prob = shift, bos_id, self_cond_prob
 
     def network_kwargs(self, vocab_size: int, embed_dim: int) -> dict:
-        return {"in_vocab": vocab_size, "self_condition": False}
+        if self.self_cond_prob == 0:
+            return {"in_vocab": vocab_size, "self_condition": False}
+        return {"in_vocab": vocab_size, "self_condition": True, "self_cond_dim": embed_dim}
+
+    def estimate(self, self_cond: Tensor | None) -> Tensor | None:
+        """The previous x0 estimate (B, L, D) beside its soft token: shifted one row right
+        behind a zero row (the BOS's) in the shifted layout."""
+        if self_cond is None or not self.shift:
+            return self_cond
+        return torch.cat([torch.zeros_like(self_cond[:, :1]), self_cond], dim=1)
 
     def __call__(self, x_t: Tensor, t: Tensor, embedding: nn.Module, schedule) -> Tensor:
         soft = torch.softmax(readout_evidence(embedding, schedule, x_t, t), dim=-1)

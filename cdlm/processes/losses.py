@@ -44,3 +44,14 @@ def mean_hidden(logp: Tensor, ids: Tensor, hidden: Tensor) -> Tensor:
     """(B,) the mean over each row's ``hidden`` positions of log p(ids) from ``logp`` (B, L, V)."""
     token = logp.gather(-1, ids[..., None]).squeeze(-1)
     return (token * hidden).sum(1) / hidden.sum(1)
+
+
+def level_observation(t: Tensor, token_losses: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """(levels, per-sequence mean losses) of the rows that share one level, for the time
+    sampler's ``observe``: rows with per-token levels ``t`` (B, L) say nothing about one level."""
+    shared = torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
+    if t.dim() == 2:
+        shared = (t == t[:, :1]).all(-1)
+    per_seq = (token_losses * valid).sum(-1) / valid.sum(-1).clamp_min(1)
+    level = t if t.dim() == 1 else t[:, 0]
+    return level[shared].detach(), per_seq[shared].detach()

@@ -5,7 +5,8 @@ or outside (``wrap_outer``) the objective's wrappers, and adds a loss term.
 * ``XPrediction``: a free x0 head beside the CE readout;
 * ``PreconditionSkip``: a skip on that head (EDM's c_skip x_t + c_out F, or the readout base).
 
-``check_pieces`` refuses an order that cannot work. How the network reads x_t is
+``check_pieces`` refuses an order that cannot work; ``check_reading``, input and objective
+pieces that do not fit. How the network reads x_t is
 ``cdlm.processes.inputs``; how its output becomes a ``Prediction``, ``cdlm.processes.readouts``.
 """
 
@@ -15,6 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, Prediction, Wrapper, expected_embedding, per_position
+from cdlm.processes.inputs import PosteriorInput, VectorInput
+from cdlm.processes.objectives import X0MSE, CrossEntropy
 
 
 class _SplitX0(Wrapper):
@@ -147,3 +150,23 @@ def check_pieces(pieces: list, objective) -> list:
                 "PreconditionSkip needs an XPrediction before it in process.prediction"
             )
     return pieces
+
+
+def check_reading(input, objective, token_noise: float, eos_id: int | None) -> None:
+    """Refuses an unknown input or objective piece and a ``token_noise`` the pieces cannot read,
+    each by name; hands a shifted input its BOS (``eos_id``)."""
+    if not isinstance(objective, CrossEntropy | X0MSE):
+        raise ValueError(f"unknown objective {objective!r}; valid: ce, mse (objective=ce)")
+    if not isinstance(input, VectorInput | PosteriorInput):
+        raise ValueError(f"unknown input {input!r}; valid: vector, posterior (input=vector)")
+    if input.shift:
+        if eos_id is None:
+            raise ValueError("a shifted input needs eos_id (the BOS it starts with)")
+        input.bos_id = eos_id
+    if not 0.0 <= token_noise <= 1.0:
+        raise ValueError(f"token_noise must be in [0, 1], got {token_noise}")
+    if token_noise > 0 and not (input.sees_token_levels or objective.sees_token_levels):
+        raise ValueError(
+            "token_noise > 0 needs input=posterior or objective.readout_skip=true (pieces "
+            "that tell the network each token's own level)"
+        )

@@ -50,9 +50,8 @@ class EmbeddingDenoiser(NetworkDenoiser):
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs
     ) -> Prediction:
         t_seq = t if t.dim() == 1 else t.mean(-1)
-        out = self.network(
-            self.input(x_t, t, self.embedding, self.schedule), t_seq, self_cond, **kwargs
-        )
+        x_in = self.input(x_t, t, self.embedding, self.schedule)
+        out = self.network(x_in, t_seq, self.input.estimate(self_cond), **kwargs)
         if self.input.shift:
             out = out[:, :-1]
         if self.output == "logits":

@@ -5,6 +5,7 @@ from cdlm.samplers.adaptive import sample_adaptive
 from cdlm.samplers.base import SAMPLERS, SampleOutput, StepInfo, check_compatible
 from cdlm.samplers.gaussian import sample_ddim, sample_ddpm, sample_rolling
 from cdlm.samplers.grids import GRIDS, karras_grid, logsnr_grid, make_grid, uniform_grid
+from cdlm.samplers.hybrid import sample_hybrid
 from cdlm.samplers.ode import sample_dpmpp_2m, sample_euler, sample_heun
 from cdlm.samplers.sde import sample_consistency, sample_euler_maruyama
 
@@ -25,6 +26,7 @@ __all__ = [
     "sample_euler",
     "sample_euler_maruyama",
     "sample_heun",
+    "sample_hybrid",
     "sample_rolling",
     "uniform_grid",
 ]
