@@ -51,7 +51,7 @@ def training_figures(out: Path, name: str) -> str:
     metrics = read_metrics(path)
     steps = max((s for rows in metrics.values() for s, _ in rows), default=-1) + 1
     speed = [v for _, v in metrics.get("train/tokens_per_sec", [])]
-    parts = [f"{steps} steps", f"tokens/s min/med/max {spread_text(speed)}"]
+    parts = [f"{steps} steps (last logged + 1)", f"tokens/s min/med/max {spread_text(speed)}"]
     for key in ("train/loss", "val/loss"):
         if metrics.get(key):
             step, value = metrics[key][-1]
@@ -80,7 +80,7 @@ def log_figures(out: Path, name: str) -> str:
     if tally:
         return tally[-1]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    said = [line for line in lines if line.startswith(("cdlm ", "speed:", "sampled"))]
+    said = [line for line in lines if line.startswith(("cdlm ", "cdlm-sample: ", "speed:"))]
     return (said or lines or [""])[-1][:160]
 
 

@@ -25,14 +25,17 @@ METRICS = """epoch,step,train/loss,train/tokens_per_sec,val/loss
 
 def fake_out(tmp_path: Path) -> Path:
     (tmp_path / "steps.tsv").write_text(
-        "install\t0\t12\ncuda_tests\t0\t5\nquickstart\t0\t200\nsample\t1\t3\n"
+        "install\t0\t12\ncuda_tests\t0\t5\nquickstart\t0\t200\nsample\t0\t3\nddp\t1\t9\n"
         "speed\t124\t240\nfsdp\tskip:no CUDA device\t0\n"
     )
     (tmp_path / "install.log").write_text("noise\ncdlm /tmp/site/cdlm/__init__.py torch 2.11\n")
     (tmp_path / "cuda_tests.log").write_text("ssss\n======= 4 skipped in 0.20s =======\n")
     (tmp_path / "quickstart_metrics.csv").write_text(METRICS)
-    (tmp_path / "sample.log").write_text("Traceback...\nValueError: bad ckpt\n")
+    (tmp_path / "sample.log").write_text(
+        "text\ncdlm-sample: 8 samples, sampler=rolling, NFE=16, 16.28s\nmore text\n"
+    )
     rows = [{"name": "AR", "batch": 16, "device": "cuda", "tokens_per_sec": [900.0, 1e4, 2e4]}]
+    (tmp_path / "ddp.log").write_text("Traceback...\nValueError: bad ckpt\n")
     (tmp_path / "speed.json").write_text(json.dumps(rows))
     return tmp_path
 
@@ -43,6 +46,7 @@ def test_the_summary_reads_every_steps_status_and_figures(tmp_path):
         "ok",
         "skipped (every test: no CUDA device)",
         "ok",
+        "ok",
         "FAILED (rc 1)",
         "timeout (rc 124)",
         "skipped (no CUDA device)",
@@ -50,14 +54,15 @@ def test_the_summary_reads_every_steps_status_and_figures(tmp_path):
     assert rows["install"]["figures"].startswith("cdlm /tmp/site")
     # 30 optimizer steps (steps 0..29), tokens/s 1k / 2k / 3k, the last losses of each kind
     assert rows["quickstart"]["figures"] == (
-        "30 steps; tokens/s min/med/max 1.0k / 2.0k / 3.0k; "
+        "30 steps (last logged + 1); tokens/s min/med/max 1.0k / 2.0k / 3.0k; "
         "train/loss 3.000 @ 29; val/loss 3.500 @ 19"
     )
-    assert rows["sample"]["figures"] == "ValueError: bad ckpt"
+    assert rows["sample"]["figures"] == "cdlm-sample: 8 samples, sampler=rolling, NFE=16, 16.28s"
+    assert rows["ddp"]["figures"] == "ValueError: bad ckpt"  # a failure: its log's last line
     assert rows["speed"]["figures"] == "AR b16 cuda: 0.9k / 10.0k / 20.0k tok/s"
     assert json.loads((tmp_path / "summary.json").read_text()) == list(rows.values())
     table = (tmp_path / "summary.md").read_text().splitlines()
-    assert len(table) == 2 + 6 and table[4].startswith("| quickstart | ok | 200 |")
+    assert len(table) == 2 + 7 and table[4].startswith("| quickstart | ok | 200 |")
 
 
 def test_spread_text_keeps_small_numbers_as_they_are():
