@@ -24,6 +24,15 @@ pytestmark = [
 V, L, BOS = 97, 64, 96
 
 
+@pytest.fixture(autouse=True)
+def full_fp32_matmuls():
+    """fp32 references in full fp32: no TF32, whatever an earlier import chose."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
 def net(causal: bool = False, self_condition: bool = False) -> Transformer:
     """A small Transformer on the GPU, moved off the adaLN-Zero identity start so that every
     path carries signal."""
@@ -130,21 +139,20 @@ def test_block_masks_and_the_masked_forward_on_cuda_equal_the_cpu():
 
 
 def test_fused_adamw_from_the_optimizer_config_steps_like_unfused():
-    """conf/optimizer/adamw.yaml with fused=true, built by cdlm's own path, one step on the GPU:
-    the same weights as the unfused (foreach) step."""
+    """conf/optimizer/adamw.yaml with fused=true, built by cdlm's own path, one step on the GPU
+    from the same gradients: the same weights as the unfused (foreach) step."""
+    network = net().train()
+    network(*batch()).float().square().mean().backward()
     stepped = []
     for fused in (True, False):
-        network = net().train()
-        tokens, t = batch()
-        factory = instantiate(
-            OmegaConf.merge(
-                OmegaConf.load(config_dir() / "optimizer" / "adamw.yaml"), {"fused": fused}
-            )
-        )
-        optimizer = configure_optimization(None, network.parameters(), factory)
+        params = [p.detach().clone().requires_grad_() for p in network.parameters()]
+        for copy, p in zip(params, network.parameters(), strict=True):
+            copy.grad = p.grad.clone()
+        config = OmegaConf.load(config_dir() / "optimizer" / "adamw.yaml")
+        factory = instantiate(OmegaConf.merge(config, {"fused": fused}))
+        optimizer = configure_optimization(None, params, factory)
         assert optimizer.defaults["fused"] is fused
-        network(tokens, t).float().square().mean().backward()
         optimizer.step()
-        stepped.append([p.detach().clone() for p in network.parameters()])
+        stepped.append(params)
     for a, b in zip(*stepped, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
