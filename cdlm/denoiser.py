@@ -102,6 +102,11 @@ class NetworkDenoiser:
         one call; None when nothing is held fixed."""
         return None
 
+    def prefix_lengths(self) -> Tensor | None:
+        """(B,) each row's count of leading fixed tokens (its own prompt, where rows differ);
+        None when nothing is held fixed."""
+        return None
+
     def held_tokens(self) -> tuple[Tensor, Tensor] | None:
         """(ids (B, L), fixed (B, L) bool): canvas tokens a sampler that may revise any position
         (uniform-state diffusion) must leave in place; None when nothing is held."""
@@ -128,6 +133,9 @@ class Wrapper:
 
     def known_prefix(self) -> Tensor | None:
         return self.denoiser.known_prefix()
+
+    def prefix_lengths(self) -> Tensor | None:
+        return self.denoiser.prefix_lengths()
 
     def held_tokens(self) -> tuple[Tensor, Tensor] | None:
         return self.denoiser.held_tokens()
@@ -232,3 +240,17 @@ class HoldFixed(Wrapper):
         x0_hat = torch.where(fixed, x0.to(pred.x0.dtype), pred.x0)
         onehot = torch.full_like(pred.logits, -1e9).scatter_(-1, ids[..., None], 0.0)
         return Prediction(logits=torch.where(fixed, onehot, pred.logits), x0=x0_hat)
+
+
+class Unpadded(Wrapper):
+    """Rows of different canvas lengths in one batch, padded on the right to the longest: every
+    call tells the network each row's real length (``lengths``, in the network's positions), so
+    no query attends to padding and a row computes what it would alone."""
+
+    def __init__(self, denoiser: Denoiser, lengths: list[int], device: torch.device) -> None:
+        self.denoiser = denoiser
+        own = [denoiser.network_length(n) for n in lengths]
+        self.lengths = torch.tensor(own, device=device)
+
+    def __call__(self, *args, **kwargs) -> Prediction:
+        return self.denoiser(*args, lengths=self.lengths, **kwargs)

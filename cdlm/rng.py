@@ -39,3 +39,90 @@ def seeded(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(mixed_seed(seed))
         yield
+
+
+class Rows:
+    """One generator per row of a batch (row b draws only from ``generators[b]``), so that a
+    row's samples do not depend on what else is in its batch (``cdlm.generation.rows``).
+
+    ``lengths``: each row's canvas length, the batch's width being the longest (shorter rows are
+    padded on the right). A draw over the canvas (its dim 1 is the width) takes only the row's
+    own ``lengths[b]`` positions from its generator, zeros standing in for the padding, so a row
+    consumes its stream exactly as it would alone; any other draw takes the row's full slice.
+    """
+
+    def __init__(
+        self, generators: list[torch.Generator], lengths: list[int], width: int | None = None
+    ) -> None:
+        if len(generators) != len(lengths):
+            raise ValueError(f"{len(generators)} generators for {len(lengths)} rows")
+        self.generators, self.lengths = generators, lengths
+        self.width = max(lengths, default=0) if width is None else width
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    @property
+    def device(self) -> torch.device:
+        return self.generators[0].device
+
+    def draw(self, fn, shape: tuple[int, ...], canvas: bool = True, **kw) -> torch.Tensor:
+        """``fn(shape, generator=, **kw)`` row by row (see the class), stacked to ``shape``."""
+        if shape[0] != len(self):
+            raise ValueError(f"a draw of {shape[0]} rows from {len(self)} row generators")
+        rows = []
+        for g, n in zip(self.generators, self.lengths, strict=True):
+            own = tuple(shape[1:])
+            if canvas and len(own) and own[0] == self.width and n < self.width:
+                drawn = fn((n, *own[1:]), generator=g, **kw)
+                drawn = torch.cat([drawn, drawn.new_zeros((own[0] - n, *own[1:]))])
+            else:
+                drawn = fn(own, generator=g, **kw)
+            rows.append(drawn)
+        return torch.stack(rows)
+
+
+Draws = torch.Generator | Rows | None
+
+
+def rand(shape, generator: Draws, canvas: bool = True, **kw) -> torch.Tensor:
+    """``torch.rand(shape, generator=generator, **kw)``, or row by row from ``Rows``; ``canvas``
+    False: a draw whose dim 1 is not the canvas (one per row and vocabulary entry)."""
+    if isinstance(generator, Rows):
+        return generator.draw(torch.rand, tuple(shape), canvas, **kw)
+    return torch.rand(shape, generator=generator, **kw)
+
+
+def randn(shape, generator: Draws, **kw) -> torch.Tensor:
+    """``torch.randn``, or row by row from ``Rows`` (see ``rand``)."""
+    if isinstance(generator, Rows):
+        return generator.draw(torch.randn, tuple(shape), **kw)
+    return torch.randn(shape, generator=generator, **kw)
+
+
+def randint(high: int, shape, generator: Draws, **kw) -> torch.Tensor:
+    """``torch.randint(0, high, shape)``, or row by row from ``Rows`` (see ``rand``)."""
+    if isinstance(generator, Rows):
+        return generator.draw(lambda s, **k: torch.randint(0, high, s, **k), tuple(shape), **kw)
+    return torch.randint(0, high, shape, generator=generator, **kw)
+
+
+def select(generator: Draws, rows: torch.Tensor) -> Draws:
+    """The generators of the ``rows`` (a (B,) bool mask) that take part in a draw; a single
+    generator stays itself."""
+    if not isinstance(generator, Rows):
+        return generator
+    keep = rows.tolist()
+    pick = [i for i, k in enumerate(keep) if k]
+    lengths = [generator.lengths[i] for i in pick]
+    return Rows([generator.generators[i] for i in pick], lengths, generator.width)
+
+
+def window(generator: Draws, start: int, stop: int) -> Draws:
+    """The generators for draws over canvas positions [start, stop) alone (a block): each row's
+    real length counted inside the window, so a row whose canvas ends inside it draws as alone,
+    where its last block is that much shorter."""
+    if not isinstance(generator, Rows):
+        return generator
+    lengths = [min(max(n - start, 0), stop - start) for n in generator.lengths]
+    return Rows(generator.generators, lengths, stop - start)

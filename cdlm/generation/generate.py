@@ -45,10 +45,7 @@ def generate(
     device = next(network.parameters()).device
     generator = rng.generator(plan.seed, device)
     blanks = rng.generator(plan.seed + 1, device) if prompt_guided else None
-    timesteps = make_grid(
-        plan.grid, plan.steps, process.grid_schedule(), device, process.time_warp()
-    )
-    timesteps = timesteps * plan.strength
+    timesteps = time_grid(model, plan, device)
     passes = guidance.passes(plan.prompted)
     samples, out, start, stats = [], None, time.perf_counter(), []
     with eval_mode(network):  # callbacks call this mid-training: no dropout, no annealing
@@ -58,18 +55,26 @@ def generate(
                 denoiser, x, timesteps, process=process, generator=generator, callback=callback
             )
             samples += [
-                decode(model.tokenizer, row, plan.cut_at_eos) for row in _ids(model, plan, out)
+                decode(model.tokenizer, row, plan.cut_at_eos)
+                for row in sampled_ids(model, plan, out)
             ]
             stats.append(out.stats)
     positions = out.positions if out.positions is not None else out.nfe * plan.seq_len
     mean = {key: sum(s[key] for s in stats) / len(stats) for key in out.stats}
     wall = time.perf_counter() - start
-    extra = _self_cond_extra(plan, out.nfe)  # > 0 only where out.nfe > 1
+    extra = self_cond_extra(plan, out.nfe)  # > 0 only where out.nfe > 1
     positions += positions * extra // out.nfe if extra else 0
     return Generation(samples, (out.nfe + extra) * passes, positions * passes, wall, mean)
 
 
-def _self_cond_extra(plan: Plan, nfe: int) -> int:
+def time_grid(model: Model, plan: Plan, device: torch.device) -> torch.Tensor:
+    """The plan's decreasing grid of ``steps`` + 1 times, scaled by the edit strength."""
+    process = model.process
+    grid = make_grid(plan.grid, plan.steps, process.grid_schedule(), device, process.time_warp())
+    return grid * plan.strength
+
+
+def self_cond_extra(plan: Plan, nfe: int) -> int:
     """The second passes of self-conditioning guidance (``SelfCondGuided``): every call but the
     first, which has no estimate yet, runs cond and uncond when the scale is neither 0 nor 1."""
     return (mixing_passes(plan.denoising.get("self_cond_scale", 1.0)) - 1) * max(nfe - 1, 0)
@@ -100,7 +105,7 @@ def _conditioned(
     return x, denoiser
 
 
-def _ids(model: Model, plan: Plan, out: SampleOutput) -> list[list[int]]:
+def sampled_ids(model: Model, plan: Plan, out: SampleOutput) -> list[list[int]]:
     """The sampled ids: the sampler's tokens, or the nearest embeddings of its final state."""
     if plan.rounding == "argmax":
         return out.tokens.tolist()

@@ -77,6 +77,7 @@ class KVCache:
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
         self.frozen = False
+        self.real: Tensor | None = None  # (B, T): which cached keys are not padding
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -99,6 +100,19 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
         for layer in self.layers:
             layer.truncate(length)
+        if self.real is not None:
+            self.real = self.real[:, :length]
+
+    def keys_real(self, chunk: Tensor) -> Tensor:
+        """(B, T + L): which of the cached keys and a chunk's (``chunk``, (B, L)) are real,
+        not padding; kept for later calls unless ``frozen``."""
+        past = self.real
+        if past is None:
+            past = chunk.new_ones(chunk.shape[0], self.length)
+        keys = torch.cat([past, chunk], 1)
+        if not self.frozen:
+            self.real = keys
+        return keys
 
     @contextmanager
     def read_only(self) -> Iterator[KVCache]:
@@ -157,6 +171,35 @@ class AttentionPattern:
                 f"{length} after {past} cached positions, got {tuple(attn_mask.shape)}"
             )
         return attn_mask, False
+
+    def _unpadded(
+        self,
+        pattern: tuple[Tensor | None, bool],
+        rope: Tensor | int,
+        lengths: Tensor | None,
+        cache: KVCache | None,
+        shape: tuple[int, int],
+        device: torch.device,
+    ) -> tuple[Tensor | None, bool]:
+        """``pattern`` with padding hidden: with ``lengths`` (B,), the keys at positions at or
+        past ``lengths[b]`` (right padding of row b) are seen by no query, so a padded row
+        computes what it would alone; also the keys a cache recorded as padding. Returns a
+        (B, 1, L, T + L) mask, or ``pattern`` unchanged when nothing is padded."""
+        if lengths is None and (cache is None or cache.real is None):
+            return pattern
+        batch, length = shape
+        if isinstance(rope, int):
+            rope = torch.arange(rope, rope + length, device=device)
+        rope = rope.expand(batch, length)
+        real = torch.ones_like(rope).bool() if lengths is None else rope < lengths[:, None]
+        keys = real if cache is None else cache.keys_real(real)
+        mask, is_causal = pattern
+        if is_causal:
+            past = keys.shape[1] - length
+            mask = torch.ones(length, past + length, dtype=torch.bool, device=keys.device)
+            mask = mask.tril(past)
+        visible = keys[:, None, None, :]
+        return (visible if mask is None else visible & mask), False
 
     def _pattern(
         self, length: int, cache: KVCache | None, device: torch.device

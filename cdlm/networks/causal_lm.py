@@ -166,6 +166,7 @@ class CausalLM(AttentionPattern, nn.Module):
         *,
         positions: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        lengths: Tensor | None = None,
     ) -> Tensor:
         """The arguments of ``cdlm.networks.transformer.Transformer.forward`` (t is unused: the
         token processes pass zeros)."""
@@ -176,6 +177,10 @@ class CausalLM(AttentionPattern, nn.Module):
         else:
             pos = start if start.dim() == 2 else start[None]
         mask, is_causal = self._attention(length, cache, x.device, attn_mask)
+        shape = (x.shape[0], length)
+        mask, is_causal = self._unpadded((mask, is_causal), start, lengths, cache, shape, x.device)
+        if mask is not None and mask.dim() == 2:
+            mask = mask[None, None]
         h = self._embed(x, label)
         body = self.lm.model
         rotary = body.rotary_emb(h, position_ids=pos)
@@ -183,7 +188,7 @@ class CausalLM(AttentionPattern, nn.Module):
         for layer in body.layers:
             out = layer(
                 h,
-                attention_mask=None if mask is None else mask[None, None],
+                attention_mask=mask,
                 position_ids=pos,
                 position_embeddings=rotary,
                 is_causal=is_causal,

@@ -197,6 +197,7 @@ class Transformer(AttentionPattern, nn.Module):
         *,
         positions: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        lengths: Tensor | None = None,
     ) -> Tensor:
         """x: (B, L, in_dim) vectors, or (B, L) ids or (B, L, in_vocab) soft tokens; t: (B,)
         noise level in [0, 1]; self_cond: (B, L, in_dim) or None; cache: from ``new_cache``,
@@ -205,7 +206,9 @@ class Transformer(AttentionPattern, nn.Module):
         positions for the rotary angles, default ``cache.length`` onward (0 without a cache);
         attn_mask: (L, T + L) bool, True = visible (T cached positions, 0 without a cache),
         e.g. block diffusion's vectorised training mask, or a chunk that writes clean positions
-        and denoises a block in one call; it replaces the causal/annealed/cache mask. Returns (B, L, out_dim)."""
+        and denoises a block in one call; it replaces the causal/annealed/cache mask; lengths:
+        (B,) each row's real length, the keys at later positions (right padding) hidden from
+        every query (``AttentionPattern._unpadded``). Returns (B, L, out_dim)."""
         length, past = x.shape[1], 0 if cache is None else cache.length
         rope = check_positions(x.shape[0], length, past, positions, self.rotary.cos.shape[0])
         tokens_in = isinstance(self.in_proj, nn.Embedding)
@@ -225,6 +228,8 @@ class Transformer(AttentionPattern, nn.Module):
         else:
             refuse_labels(label)
         mask, is_causal = self._attention(length, cache, x.device, attn_mask)
+        shape = (x.shape[0], length)
+        mask, is_causal = self._unpadded((mask, is_causal), rope, lengths, cache, shape, x.device)
         write = cache is not None and not cache.frozen
         for i, block in enumerate(self.blocks):
             layer = None if cache is None else cache[i]

@@ -193,8 +193,10 @@ class ForcePrefix(Wrapper):
     def known_prefix(self) -> Tensor:
         """The leading positions fixed in every row, (B, P): a KV-cached sampler feeds them in
         one call (prefill) instead of one call per prompt token."""
-        length = int(self.fixed.long().cumprod(1).sum(1).min())
-        return self.ids[:, :length]
+        return self.ids[:, : int(self.prefix_lengths().min())]
+
+    def prefix_lengths(self) -> Tensor:
+        return self.fixed.long().cumprod(1).sum(1)
 
     def __call__(self, tokens: Tensor, t=None, self_cond=None, cache=None, **kw) -> Prediction:
         done = cache[0].length if cache is not None and len(cache) else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from cdlm import rng
 from cdlm.denoiser import (
     ClampToEmbeddings,
     Denoiser,
@@ -184,7 +185,7 @@ class GaussianProcess(ProcessModule):
         if strength >= 1.0:
             return x
         x0 = self.embedding(ids).to(x.dtype)
-        noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+        noise = rng.randn(x.shape, generator, device=x.device, dtype=x.dtype)
         tt = torch.full((x.shape[0],), strength, device=x.device, dtype=x.dtype)
         return torch.where((editable & seeded)[..., None], self.noised(x0, tt, noise), x)
 
@@ -193,7 +194,7 @@ class GaussianProcess(ProcessModule):
         sees them noised to the current level at every step (one noise draw for the run, so an
         ODE trajectory stays deterministic), and their x0 estimate and logits are the truth."""
         x0 = self.embedding(ids).detach()
-        noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
+        noise = rng.randn(x0.shape, generator, device=x0.device, dtype=x0.dtype)
         return HoldFixed(denoiser, self.schedule, ids, ~editable, x0, noise)
 
     def noised(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
@@ -243,7 +244,7 @@ class GaussianProcess(ProcessModule):
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
     ) -> Tensor:
         """x_1 ~ N(0, I), (B, L, D)."""
-        return torch.randn(*shape, self.embed_dim, device=device, generator=generator)
+        return rng.randn((*shape, self.embed_dim), generator, device=device)
 
     def predict(self, denoiser: Denoiser, x_t: Tensor, t: Tensor, self_cond: bool) -> Prediction:
         """With self-conditioning, a gradient-free first pass gives the estimate (Chen 2022)."""

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
@@ -277,7 +278,7 @@ class MaskedProcess(TokenProcess):
             raise ValueError("a fixed region contains the [MASK] token itself; remove it")
         masked = editable
         if strength < 1.0:
-            u = torch.rand(ids.shape, device=ids.device, generator=generator)
+            u = rng.rand(ids.shape, generator, device=ids.device)
             keep = self.schedule.keep(torch.tensor(strength, device=ids.device))
             masked = editable & ~(seeded & (u < keep))
         return torch.where(masked, self.mask_id, ids)

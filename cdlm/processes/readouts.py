@@ -23,6 +23,15 @@ from cdlm.denoiser import (
 from cdlm.processes.inputs import PosteriorInput, VectorInput
 
 
+def sequence_level(t: Tensor, lengths: Tensor | None, shift: bool) -> Tensor:
+    """(B,) the mean of per-token levels (B, L) that conditions the network: over each row's
+    own positions where rows are padded (``lengths``: network positions, one more when
+    ``shift``ed), so that a padded row is conditioned as it would be alone."""
+    if lengths is None:
+        return t.mean(-1)
+    return torch.stack([t[b, : n - shift].mean() for b, n in enumerate(lengths.tolist())])
+
+
 class EmbeddingDenoiser(NetworkDenoiser):
     """The network behind an input piece: (x_t, t) -> the raw output as a ``Prediction``
     (``logits`` for a logits objective, ``x0`` for an x0 objective; the objective's wrappers
@@ -49,7 +58,7 @@ class EmbeddingDenoiser(NetworkDenoiser):
     def __call__(
         self, x_t: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs
     ) -> Prediction:
-        t_seq = t if t.dim() == 1 else t.mean(-1)
+        t_seq = t if t.dim() == 1 else sequence_level(t, kwargs.get("lengths"), self.input.shift)
         x_in = self.input(x_t, t, self.embedding, self.schedule)
         out = self.network(x_in, t_seq, self.input.estimate(self_cond), **kwargs)
         if self.input.shift:
@@ -57,6 +66,10 @@ class EmbeddingDenoiser(NetworkDenoiser):
         if self.output == "logits":
             return Prediction(logits=full_precision(out))
         return Prediction(logits=None, x0=out.to(x_t.dtype))
+
+    def network_length(self, length: int) -> int:
+        """Positions the network runs for a canvas of ``length`` (+1 for a shifted input's BOS)."""
+        return length + bool(self.input.shift)
 
     def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
         """The network on clean [BOS, x_0, ..., x_{L-1}] under causal attention (an AR phase of

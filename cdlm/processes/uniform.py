@@ -23,6 +23,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
@@ -150,10 +151,8 @@ class UniformProcess(TokenProcess):
 
     def noised(self, tokens: Tensor, keep: Tensor, generator) -> tuple[Tensor, Tensor]:
         """(x_t, resampled): each token kept with probability ``keep``, else a uniform draw."""
-        u = torch.rand(tokens.shape, device=tokens.device, generator=generator)
-        noise = torch.randint(
-            0, self.vocab_size, tokens.shape, device=tokens.device, generator=generator
-        )
+        u = rng.rand(tokens.shape, generator, device=tokens.device)
+        noise = rng.randint(self.vocab_size, tokens.shape, generator, device=tokens.device)
         resampled = u >= keep
         return torch.where(resampled, noise, tokens), resampled
 
@@ -186,7 +185,7 @@ class UniformProcess(TokenProcess):
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
     ) -> Tensor:
         """Uniform noise over the vocabulary, (B, L), drawn from ``generator``."""
-        return torch.randint(0, self.vocab_size, shape, device=device, generator=generator)
+        return rng.randint(self.vocab_size, shape, generator, device=device)
 
     def elbo_terms(self, logp: Tensor, c: Corrupted, valid: Tensor) -> Tensor:
         """(B,) the ELBO integrand summed over the valid positions, nats."""

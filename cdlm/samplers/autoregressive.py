@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.processes import fim
 from cdlm.processes.autoregressive import (
     AutoregressiveProcess,
@@ -22,7 +23,7 @@ def sample_ar(
     timesteps: Tensor,
     *,
     process: AutoregressiveProcess,
-    generator: torch.Generator | None = None,
+    generator: rng.Draws = None,
     callback: Callback | None = None,
     temperature: float = 1.0,
     use_cache: bool = True,
@@ -61,6 +62,7 @@ def sample_ar(
         first = max(prompt.shape[1] - 1, 0)
         x[:, :first] = prompt[:, :first]
         step_input = torch.cat([step_input, x[:, :first]], 1)
+    starts = _starts(denoiser, generator, first, batch, x.device) if use_cache else None
     for i in range(first, length):
         if use_cache:
             pred = denoiser(step_input, cache=cache)
@@ -68,7 +70,10 @@ def sample_ar(
         else:
             pred = denoiser(denoiser.shift(x)[:, : i + 1])
             positions += i + 1
-        token = sample_categorical(pred.logits[:, -1].log_softmax(-1), generator, temperature)
+        logp = pred.logits[:, -1].log_softmax(-1)
+        token, live = logp.argmax(-1), i >= (first if starts is None else starts)
+        # a row before its start is in its prompt: its (forced) token, no draw
+        token[live] = sample_categorical(logp[live], rng.select(generator, live), temperature)
         x[:, i] = torch.where(done, eos, token)
         step_input = x[:, i : i + 1]
         done |= (x[:, i] == eos) & stop_at_eos
@@ -82,6 +87,19 @@ def sample_ar(
             x[:, i + 1 :] = eos
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=i + 1 - first, positions=positions)
+
+
+def _starts(
+    denoiser: NextTokenPredictor, generator: rng.Draws, first: int, batch: int, device
+) -> Tensor:
+    """(B,) the position of each row's first draw in a cached run: ``first`` (after the prefill
+    shared by the batch), or with per-row generators (``rng.Rows``) the row's own prompt end, as if it were
+    prefilled alone, so that a row with a longer prompt than its batch's shortest draws the same
+    numbers as alone (its prompt tokens are forced without a draw)."""
+    lengths = denoiser.prefix_lengths()
+    if not isinstance(generator, rng.Rows) or lengths is None:
+        return torch.full((batch,), first, device=device)
+    return (lengths - 1).clamp_min(0)
 
 
 def sample_middles(

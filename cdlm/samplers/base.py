@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.denoiser import Prediction
 
 
@@ -102,7 +103,7 @@ def check_compatible(sampler: Callable, process_kind: str) -> None:
 
 
 def sample_categorical(
-    logp: Tensor, generator: torch.Generator | None = None, temperature: float = 1.0
+    logp: Tensor, generator: rng.Draws = None, temperature: float = 1.0
 ) -> Tensor:
     """Draws one id per row of log-probabilities (..., V) by Gumbel-max in float64.
 
@@ -115,6 +116,22 @@ def sample_categorical(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return logp.argmax(-1)
-    u = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)
+    canvas = logp.dim() > 2  # (B, V) is one draw per row, not per canvas position
+    u = rng.rand(logp.shape, generator, canvas, dtype=torch.float64, device=logp.device)
     gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
     return (logp.double() / temperature + gumbel).argmax(-1)
+
+
+def categorical_at(
+    logp: Tensor, chosen: Tensor, generator: rng.Draws, temperature: float = 1.0
+) -> Tensor:
+    """``sample_categorical(logp[chosen])``: draws (N,) at the ``chosen`` positions (B, L) of
+    ``logp`` (B, L, V) only (float64 where it is decided, not over the whole canvas); with
+    ``rng.Rows`` each row draws its own positions from its own generator."""
+    if not isinstance(generator, rng.Rows):
+        return sample_categorical(logp[chosen], generator, temperature)
+    draws = [
+        sample_categorical(logp[b][chosen[b]], g, temperature)
+        for b, g in enumerate(generator.generators)
+    ]
+    return torch.cat(draws)

@@ -15,9 +15,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser, per_position
 from cdlm.processes.gaussian import GaussianProcess
-from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
+from cdlm.samplers.base import Callback, SampleOutput, StepInfo, categorical_at, register
 
 
 def step_ddpm(
@@ -77,6 +78,17 @@ def rolling(timesteps: Tensor, length: int, token_steps: int) -> Tensor:
     return own[(steps[:, None] - offsets[None, :]).clamp(0, token_steps)]
 
 
+def rolling_rows(timesteps: Tensor, width: int, token_steps: int, generator: rng.Draws) -> Tensor:
+    """``rolling`` on a canvas of ``width`` positions; with per-row generators (``rng.Rows``) of
+    shorter rows, each row's own (K + 1, B, width) grid on its own length, as alone, its
+    right padding at level 0 (held, it never moves)."""
+    lengths = generator.lengths if isinstance(generator, rng.Rows) else [width]
+    if min(lengths) == width:
+        return rolling(timesteps, width, token_steps)
+    grids = [rolling(timesteps, n, token_steps) for n in lengths]
+    return torch.stack([torch.nn.functional.pad(g, (0, width - g.shape[1])) for g in grids], 1)
+
+
 def step_loop(
     step: Callable[..., Tensor],
     denoiser: Denoiser,
@@ -102,32 +114,32 @@ def step_loop(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if token_steps is not None:
-        timesteps = rolling(timesteps, x.shape[1], token_steps)
+        timesteps = rolling_rows(timesteps, x.shape[1], token_steps, generator)
     schedule, pred, n = process.schedule, None, len(timesteps) - 1
     tokens = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
     for i in range(n):
-        # levels per sequence (B,) on a shared grid, per token (B, L) on a rolling one
-        t, s = (v.to(x.dtype).expand(x.shape[: v.dim() + 1]) for v in timesteps[i : i + 2])
+        # levels per sequence (B,) on a shared grid, per token (B, L) on a rolling one (its
+        # columns shared by every row, or each row's own)
+        t, s = (v.to(x.dtype).expand(x.shape[: min(v.dim() + 1, 2)]) for v in timesteps[i : i + 2])
         pred = denoiser(x, t)
         ss = torch.where(s <= 0, t, s)  # the interval ending at 0 takes a token, not a step
-        noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+        noise = rng.randn(x.shape, generator, device=x.device, dtype=x.dtype)
         coefficients = [
             per_position(f(v)) for v in (t, ss) for f in (schedule.alpha, schedule.sigma)
         ]
         stepped = step(x, pred.x0, *coefficients, noise, **step_kwargs)
         x = torch.where(per_position(t > s), stepped, x)
-        # positions reaching t = 0 now (every row alike)
-        ends = ((s <= 0) & (t > 0))[0].expand(x.shape[1]).nonzero().squeeze(-1)
-        if len(ends):
-            logits = pred.logits[:, ends]
+        # positions reaching t = 0 now
+        ends = ((s <= 0) & (t > 0)).reshape(x.shape[0], -1).expand(x.shape[:2])
+        if ends.any():
             if draw_tokens:
-                logp = torch.log_softmax(logits.double(), -1)
-                drawn = sample_categorical(logp, generator, temperature)
-                x[:, ends] = process.embedding(drawn).to(x.dtype)
+                logp = torch.log_softmax(pred.logits.double(), -1)
+                drawn = categorical_at(logp, ends, generator, temperature)
+                x[ends] = process.embedding(drawn).to(x.dtype)
             else:
-                drawn = logits.argmax(-1)
-                x[:, ends] = pred.x0[:, ends]
-            tokens[:, ends] = drawn
+                drawn = pred.logits[ends].argmax(-1)
+                x[ends] = pred.x0[ends]
+            tokens[ends] = drawn
         if callback is not None:
             callback(StepInfo(i=i, t=float(t.max()), s=float(s.max()), x=x, prediction=pred))
     return SampleOutput(x=x, tokens=tokens, prediction=pred, nfe=n)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser, Prediction
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, named_by_rule, register
 from cdlm.samplers.blockwise import BlockCache, Calls, DualCache, PrefixCache, check_cache
@@ -38,6 +39,7 @@ from cdlm.samplers.masked_steps import (
     block_grid,
     blocks_of,
     ended_at_eos,
+    ended_rows,
     penalise_repeats,
 )
 from cdlm.samplers.rules import Ancestral, Rule, Window, check_rule
@@ -120,16 +122,35 @@ def decode(
             iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
             seen = x[:, view]
             logp = penalise_repeats(seen, pred.logits, mask_id, repeat_penalty)
-            kept = None if memo is None else memo[:, view]
             x = x.clone()
-            x[:, view] = rule.step(Window(seen, logp, free[:, view], mask_id, kept), iv, generator)
+            rows = _undecided(x, mask_id, in_block, free, rule.revises, generator)
+            kept = None if memo is None else memo[rows][:, view]
+            window = Window(seen[rows], logp[rows], free[rows][:, view], mask_id, kept)
+            span = range(length)[view]
+            draws = rng.select(rng.window(generator, span.start, span.stop), rows)
+            x[rows, view] = rule.step(window, iv, draws)
+            if memo is not None:
+                memo[rows, view] = window.memo
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
-        if stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
+        if stop_at_eos and isinstance(generator, rng.Rows):
+            x = ended_rows(x, b, process.eos_id, mask_id, generator.lengths)
+        elif stop_at_eos and (ended := ended_at_eos(x, b, process.eos_id, mask_id)) is not None:
             x = ended
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=source.nfe, positions=source.positions)
+
+
+def _undecided(
+    x: Tensor, mask_id: int, in_block: Tensor, free: Tensor, revises: bool, generator: rng.Draws
+) -> Tensor | slice:
+    """The rows a step decides: every row, or with per-row generators (``rng.Rows``) those
+    whose block is not yet decided, so that a row finished early draws nothing more, as alone
+    (where the block's loop ends there)."""
+    if not isinstance(generator, rng.Rows):
+        return slice(None)
+    return ((x == mask_id) & in_block).any(-1) | (free.any(-1) & revises)
 
 
 def _blockwise(

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from cdlm.samplers.base import sample_categorical
+from cdlm import rng
+from cdlm.samplers.base import categorical_at, sample_categorical
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Interval:
 def _commit(x: Tensor, logp: Tensor, chosen: Tensor, generator, temperature: float) -> Tensor:
     """Fills the ``chosen`` positions (B, L) with draws from ``logp``; the rest stays."""
     x = x.clone()
-    x[chosen] = sample_categorical(logp[chosen], generator, temperature)
+    x[chosen] = categorical_at(logp, chosen, generator, temperature)
     return x
 
 
@@ -60,7 +61,7 @@ def step_ancestral(
 ) -> Tensor:
     """MDLM's reverse step (Sahoo et al. 2024, eq. 7): each open masked position is revealed
     with probability (keep(s) - keep(t)) / (1 - keep(t)), with a token drawn from p_theta."""
-    u = torch.rand(x.shape, device=x.device, generator=generator, dtype=torch.float64)
+    u = rng.rand(x.shape, generator, device=x.device, dtype=torch.float64)
     return _commit(x, logp, open_ & (u < iv.p_reveal), generator, temperature)
 
 
@@ -195,3 +196,17 @@ def ended_at_eos(x: Tensor, upto: int, eos: int | None, mask_id: int) -> Tensor 
     if not (has_eos.any(-1).all() and not ((head == mask_id) & before).any()):
         return None
     return x.masked_fill(x == mask_id, eos)
+
+
+def ended_rows(x: Tensor, upto: int, eos: int | None, mask_id: int, lengths: list[int]) -> Tensor:
+    """``ended_at_eos`` row by row, for rows of their own canvas ``lengths`` (right padding
+    after): a row whose own canvas after ``upto`` is all [MASK] and whose [0, upto) has an EOS
+    with no mask before it gets its masks turned EOS, as it would alone; the others go on."""
+    if eos is None:
+        return x
+    x = x.clone()
+    for b, n in enumerate(lengths):
+        ended = ended_at_eos(x[b : b + 1, :n], upto, eos, mask_id)
+        if ended is not None:
+            x[b, :n] = ended[0]
+    return x

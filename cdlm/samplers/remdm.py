@@ -35,7 +35,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from cdlm.samplers.base import register, sample_categorical
+from cdlm import rng
+from cdlm.samplers.base import categorical_at, register
 from cdlm.samplers.masked_steps import Interval
 from cdlm.samplers.rules import Rule, Window
 
@@ -135,10 +136,10 @@ class ReMDM(Rule):
     def step(self, w: Window, iv: Interval, generator: torch.Generator | None) -> Tensor:
         """One uniform per position decides unmask or remask; the unmasked draw their tokens."""
         p = self.probabilities(w, iv)
-        u = torch.rand(w.x.shape, device=w.x.device, generator=generator, dtype=torch.float64)
+        u = rng.rand(w.x.shape, generator, device=w.x.device, dtype=torch.float64)
         unmask, remask = u < p.unmask, u < p.remask
         x = w.x.clone()
-        x[unmask] = sample_categorical(w.logp[unmask], generator, self.temperature)
+        x[unmask] = categorical_at(w.logp, unmask, generator, self.temperature)
         x[remask] = w.mask_id
         if w.memo is not None:  # conf: remember how sure the prediction was of each new token
             token = torch.where(unmask, x, 0)[..., None]  # [MASK] may lie outside the logits

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.denoiser import Prediction
 from cdlm.processes.block import BlockDenoiser
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
@@ -40,7 +41,7 @@ def probabilities(logp: Tensor, temperature: float) -> Tensor:
 def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One id per row of float64 probabilities (..., V) (not normalised), by inverse CDF."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(cdf.shape[:-1], dtype=torch.float64, device=probs.device, generator=generator)
+    u = rng.rand(cdf.shape[:-1], generator, False, dtype=torch.float64, device=probs.device)
     return (
         torch.searchsorted(cdf, (u * cdf[..., -1])[..., None])
         .squeeze(-1)
@@ -54,7 +55,7 @@ def accept(
     """(accepted (B, n) bool, residual draws (B, n)): each draft token kept with probability
     min(1, q/p), and the token that replaces it if not, from norm(max(0, q - p))."""
     pd, qd = p.gather(-1, draft[..., None])[..., 0], q.gather(-1, draft[..., None])[..., 0]
-    u = torch.rand(draft.shape, dtype=torch.float64, device=draft.device, generator=generator)
+    u = rng.rand(draft.shape, generator, False, dtype=torch.float64, device=draft.device)
     kept = u * pd < qd
     residual = (q - p).clamp_min(0.0)
     empty = residual.sum(-1, keepdim=True) <= 0  # p == q: a rejection cannot happen there
