@@ -2,10 +2,9 @@
 of different lengths, an infill template) comes out token for token as it does sampled alone
 with its own seed (``seed + row``), for each process, its default sampler and a few others.
 
-The tiny networks run in float64 here: a batch of several rows and a row alone run matmuls of
-different shapes (and the padded batch a masked attention), whose float32 sums may differ in
-the last bit and, rarely, flip a draw; float64 leaves such differences far below any draw's
-margin, while padding that leaked into attention would still change whole rows."""
+The networks run in float32: a batch and a row alone run matmuls of different shapes (and the
+padded batch a masked attention), which could differ in the last bit, but no draw flipped here;
+padding that leaks into attention does flip them (``wake``)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import torch
 from conftest import run_main, train_tiny
 
 from cdlm.generation import Plan, default_sampler, generate, named_sampler
-from cdlm.generation.inputs import Row, read_layout, read_rows
+from cdlm.generation.inputs import Row, read_layout
 from cdlm.generation.rows import generate_rows
 from cdlm.model_file import load_model
 
@@ -43,18 +42,30 @@ def models(tmp_path_factory, tiny_corpus):
     def get(kind: str):
         if kind not in cache:
             model = load_model(train_tiny(tmp_path_factory, tiny_corpus, *PROCESSES[kind]))
-            model.network.double()
+            wake(model.network)
             cache[kind] = model
         return cache[kind]
 
     return get
 
 
+def wake(network) -> None:
+    """Random adaLN gates: a 3-step model's blocks are still nearly the identity (adaLN-Zero),
+    so its positions barely read one another and padding that leaked into attention would not
+    show; with open gates it changes the samples (checked: without ``Unpadded`` rows differ)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in network.named_parameters():
+            if "ada" in name:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+
+
 def alone(model, sampler, row: Row, seed: int, steps: int) -> list[int]:
     layout = read_layout(
         model, 16, prompt=row.prompt, infill=row.infill, max_new_tokens=row.max_new_tokens
     )
-    plan = Plan(num_samples=1, seq_len=len(layout.ids), steps=steps, seed=seed, layout=layout)
+    n = len(layout.ids)  # the whole canvas, as a row comes back
+    plan = Plan(1, n, steps, seed, layout=layout, cut_at_eos=False)
     return generate(model, sampler, plan).samples[0].token_ids
 
 
@@ -84,3 +95,88 @@ def test_a_row_in_a_mixed_batch_is_the_row_alone(models, kind, name, options):
     for i, row in enumerate(rows):
         assert mixed.rows[i].seed == 5 + i
         assert mixed.rows[i].token_ids == alone(model, sampler, row, 5 + i, 8), (kind, name, i)
+
+
+def write_rows(path, lines: list[str]):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def one_line_error(result, *needles):
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), lines
+
+
+def test_cli_samples_a_prompts_file(tiny_masked_checkpoint, tmp_path):
+    """cdlm-sample prompts=FILE: num_samples records per line, in order, each the row drawn
+    alone with seed + its index, its fixed text kept, in batches of batch_size rows."""
+    lines = [json.dumps(row.__dict__) for row in ROWS]
+    path = write_rows(tmp_path / "rows.jsonl", lines)
+    out = tmp_path / "s.jsonl"
+    args = [f"ckpt={tiny_masked_checkpoint}", f"prompts={path}", "steps=4", "progress=false"]
+    result = run_main(
+        "cdlm-sample", *args, "num_samples=2", "batch_size=3", "seed=3", f"out={out}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["line"] for r in got] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [r["seed"] for r in got] == list(range(3, 11))
+    model = load_model(tiny_masked_checkpoint)
+    sampler = default_sampler(model.process)
+    for r in got:
+        row = ROWS[r["line"] - 1]
+        assert r["token_ids"] == alone(model, sampler, row, r["seed"], 4)
+        assert r["regions"][0]["text"] == (row.prompt or "the ")
+    assert got[0]["text"].startswith("the") and got[6]["text"].endswith(" and")
+
+
+@pytest.mark.parametrize(
+    ("lines", "needles"),
+    [
+        (['{"prompt": "a"}', "{oops"], ["line 2: not JSON"]),
+        (['{"prompt": "a"}', '{"text": "b"}'], ["line 2: unknown keys ['text']"]),
+        (['{"max_new_tokens": 3}'], ["line 1: give exactly one of prompt or infill"]),
+        (['{"prompt": "a", "infill": "b [[2]]"}'], ["line 1: give exactly one of"]),
+        (['{"prompt": "a", "max_new_tokens": 0}'], ["line 1: max_new_tokens must be"]),
+        (
+            ['{"prompt": "a"}', '{"prompt": "' + "the morning was fine " * 20 + '"}'],
+            ["line 2:", "longer than the canvas"],
+        ),
+        (['{"infill": "oops [[3 and more"}'], ["line 1:", "never closed"]),
+        ([], ["the prompts file has no rows"]),
+    ],
+)
+def test_a_bad_line_is_a_one_line_error_naming_it(tiny_masked_checkpoint, tmp_path, lines, needles):
+    path = write_rows(tmp_path / "rows.jsonl", lines)
+    args = [f"ckpt={tiny_masked_checkpoint}", f"prompts={path}", "steps=2", "progress=false"]
+    one_line_error(run_main("cdlm-sample", *args, cwd=tmp_path), *needles)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["prompts=/no/such/rows.jsonl"], ["prompts file not found"]),
+        (["prompts=rows.jsonl", "prompt=a"], ["prompts= carries its own rows; drop prompt"]),
+        (["prompts=rows.jsonl", "guidance.scale=2"], ["unguided"]),
+    ],
+)
+def test_prompts_refuses_what_it_does_not_take(tiny_masked_checkpoint, tmp_path, args, needles):
+    write_rows(tmp_path / "rows.jsonl", ['{"prompt": "a"}'])
+    result = run_main("cdlm-sample", f"ckpt={tiny_masked_checkpoint}", *args, cwd=tmp_path)
+    one_line_error(result, *needles)
+
+
+def test_a_row_alone_keeps_todays_stream():
+    """Per-row generators draw as one generator did: a row of ``rng.Rows`` is the plain draw of
+    its own length (so goldens and a row sampled alone do not move), whatever pads it."""
+    from cdlm import rng
+
+    rows = rng.Rows([rng.generator(7), rng.generator(8)], [3, 5])
+    drawn = rng.rand((2, 5, 4), rows)
+    assert torch.equal(drawn[0, :3], torch.rand((1, 3, 4), generator=rng.generator(7))[0])
+    assert torch.equal(drawn[0, 3:], torch.zeros(2, 4))
+    assert torch.equal(drawn[1], torch.rand((5, 4), generator=rng.generator(8)))
+    assert torch.equal(
+        rng.rand((2, 5), rng.generator(1)), torch.rand((2, 5), generator=rng.generator(1))
+    )

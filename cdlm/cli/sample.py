@@ -1,5 +1,6 @@
 """``cdlm-sample``: load a model (file, folder, Hub id), sample (guided on a label and/or prompt;
-from a prompt; infilling/editing), print, write JSONL atomically, show/save the canvas."""
+from a prompt; infilling/editing; a file of different prompts, ``prompts=``), print, write JSONL
+atomically, show/save the canvas."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from cdlm import config_dir
 from cdlm.canvas import FORMATS, save
 from cdlm.cli.common import model_options, resolve_device, run, validate_model_and_output
 from cdlm.generation import ROUNDINGS, Plan, choose, with_cache
-from cdlm.generation.inputs import label_index, read_layout
-from cdlm.generation.records import headline
+from cdlm.generation.inputs import label_index, read_layout, read_rows
+from cdlm.generation.records import headline, row_records
+from cdlm.generation.rows import generate_rows
 from cdlm.generation.session import View, sample_scales
 from cdlm.guidance import GUIDE_ON, Guidance
 from cdlm.io import atomic_write_text
@@ -61,6 +63,12 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     raw = cfg.guidance.scale
     for w in raw if isinstance(raw, ListConfig) else [raw]:
         SCALE.check("guidance.scale", w)
+    if cfg.prompts is not None:
+        given = [k for k in ("prompt", "infill", "edit", "max_new_tokens", "label", "canvas")]
+        given = [k for k in given if cfg[k] is not None]
+        require(not given, f"prompts= carries its own rows; drop {', '.join(given)}")
+        require(cfg.show == "none", "prompts= has no live canvas (show=none)")
+        require(scales(cfg) == [1.0], "prompts= samples unguided (guidance.scale=1)")
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
     require(len(inputs) <= 1, f"give at most one of prompt=, infill=, edit= (got {inputs})")
     if cfg.max_new_tokens is not None:
@@ -117,6 +125,33 @@ def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
         raise UsageError(str(e)) from None
 
 
+def sample_rows(cfg: DictConfig, model: Model, sampler, choice, seq_len: int) -> list[dict]:
+    """``prompts=FILE``: every line's row, in batches of ``batch_size`` rows; its records."""
+    path = Path(str(cfg.prompts))
+    if not path.is_file():
+        raise UsageError(f"prompts file not found: {path}")
+    rows = read_rows(path.read_text(encoding="utf-8"))
+    plan = Plan(
+        num_samples=cfg.num_samples,
+        seq_len=seq_len,
+        steps=choice.steps,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        grid=cfg.grid,
+        rounding=cfg.rounding,
+        denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
+    )
+    gen = generate_rows(model, sampler, plan, rows, what="line")
+    kept = row_records(gen, choice.name, plan.steps, cfg.num_samples)
+    for record in kept:
+        print(f"[{record['index']}] (line {record['line']}) {record['text']}\n")
+    print(
+        f"cdlm-sample: {len(kept)} rows, sampler={choice.name}, steps={plan.steps}, "
+        f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
+    )
+    return kept
+
+
 def sample(cfg: DictConfig) -> None:
     """Reads the config into a plan, draws it at every scale, prints and writes the records."""
     model = load_model(cfg.ckpt, resolve_device(cfg.device), **model_options(cfg))
@@ -125,6 +160,12 @@ def sample(cfg: DictConfig) -> None:
     if choice.note:
         print(f"cdlm-sample: {choice.note}", file=sys.stderr)
     seq_len = cfg.seq_len or model.config["seq_len"]
+    sampler = choice.sampler
+    if "cache" in cfg:  # cache=prefix|dual|none chosen (conf/cache/; none: null)
+        sampler = with_cache(sampler, instantiate(cfg.cache))
+    if cfg.prompts is not None:
+        write(cfg, sample_rows(cfg, model, sampler, choice, seq_len))
+        return
     layout = layout_of(cfg, model, seq_len)
     plan = Plan(
         num_samples=cfg.num_samples,
@@ -139,9 +180,6 @@ def sample(cfg: DictConfig) -> None:
         denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
         cut_at_eos=layout is None,
     )
-    sampler = choice.sampler
-    if "cache" in cfg:  # cache=prefix|dual|none chosen (conf/cache/; none: null)
-        sampler = with_cache(sampler, instantiate(cfg.cache))
     label = None if cfg.label is None else (label_index(model, cfg.label), str(cfg.label))
     view = View(cfg.progress, live=cfg.show == "canvas", record=cfg.canvas is not None)
     kept = []
@@ -166,6 +204,11 @@ def sample(cfg: DictConfig) -> None:
             save(path, drawn.recorder, model.tokenizer, title, meta)
             print(f"cdlm-sample: wrote the canvas of every step to {path}")
         kept += drawn.records
+    write(cfg, kept)
+
+
+def write(cfg: DictConfig, kept: list[dict]) -> None:
+    """The records as JSONL to ``out=`` (if given), atomically."""
     path = output_path(cfg.out)
     if path is not None:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))

@@ -1,5 +1,6 @@
 """Running a sampler on a model: the plan of a run, the driver, the choice of sampler, the
-inputs (layouts, labels), the per-sample records and the ``cdlm-sample`` session."""
+inputs (layouts, labels), batches of different prompts (rows), the per-sample records and the
+``cdlm-sample`` session."""
 
 from cdlm.generation.choice import (
     Choice,
@@ -12,7 +13,9 @@ from cdlm.generation.choice import (
     with_temperature,
 )
 from cdlm.generation.generate import generate
+from cdlm.generation.inputs import Row
 from cdlm.generation.plan import DEFAULT_STEPS, ROUNDINGS, Generation, Plan, Sample, decode
+from cdlm.generation.rows import RowSample, RowsGeneration, generate_rows
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -20,12 +23,16 @@ __all__ = [
     "Choice",
     "Generation",
     "Plan",
+    "Row",
+    "RowSample",
+    "RowsGeneration",
     "Sample",
     "check_whole_canvases",
     "choose",
     "decode",
     "default_sampler",
     "generate",
+    "generate_rows",
     "named_sampler",
     "stops_at_eos",
     "with_cache",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdlm.generation.plan import Generation
+from cdlm.generation.rows import RowsGeneration
 from cdlm.regions import Layout, assemble
 
 
@@ -63,3 +64,27 @@ def headline(record: dict[str, Any]) -> str:
         on, f"label {label} and prompt"
     )
     return f"[{record['index']}] ({what}, scale {record['scale']:g}) {record['text']}"
+
+
+def row_records(
+    gen: RowsGeneration, sampler: str, steps: int, per_line: int
+) -> list[dict[str, Any]]:
+    """One record per row of a prompts file (``num_samples`` = ``per_line`` per line): its
+    line, the assembled text and region map, the completion after a prompt, and its seed."""
+    return [
+        {
+            "index": i,
+            "line": i // per_line + 1,
+            "text": r.text,
+            "completion": r.completion,
+            "regions": [region.as_dict() for region in r.regions],
+            "token_ids": r.token_ids,
+            "sampler": sampler,
+            "steps": steps,
+            "nfe": gen.nfe,
+            "positions": gen.positions,
+            "wall_seconds": round(gen.wall_seconds, 4),
+            "seed": r.seed,
+        }
+        for i, r in enumerate(gen.rows)
+    ]
