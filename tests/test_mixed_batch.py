@@ -180,3 +180,47 @@ def test_a_row_alone_keeps_todays_stream():
     assert torch.equal(
         rng.rand((2, 5), rng.generator(1)), torch.rand((2, 5), generator=rng.generator(1))
     )
+
+
+def tiny_networks():
+    from cdlm.networks.causal_lm import CausalLM
+    from cdlm.networks.transformer import Transformer
+
+    torch.manual_seed(0)
+    own = Transformer(11, in_vocab=11, d_model=16, n_layers=2, n_heads=2, self_condition=False)
+    wake(own)
+    llama = {
+        "model_type": "llama",
+        "vocab_size": 11,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+    }
+    return [own, CausalLM(base=llama, out_dim=11, in_vocab=11, max_seq_len=16)]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["transformer", "causal_lm"])
+def test_padding_is_hidden_from_every_query(index):
+    """A right-padded row through the network with ``lengths`` is the row alone: uncached, and
+    through a cache that recorded which of its keys are padding; without ``lengths`` the padding
+    changes it."""
+    net = tiny_networks()[index].double().eval()
+    x, t = torch.randint(0, 11, (2, 9)), torch.rand(2, dtype=torch.float64)
+    lengths = torch.tensor([5, 9])
+    with torch.no_grad():
+        alone = net(x[:1, :5], t[:1])[0]
+        padded = net(x, t, lengths=lengths)[0, :5]
+        # a cache that holds row 0's padding (written in one pass), then a block re-run
+        # read-only at positions 3..4 (Fast-dLLM's refresh and step)
+        cache, own, at = net.new_cache(), net.new_cache(), torch.arange(3, 5)
+        net(x, t, cache=cache, lengths=lengths)
+        net(x[:1, :5], t[:1], cache=own)
+        with cache.read_only(), own.read_only():
+            tail = net(x[:, 3:5], t, cache=cache, positions=at, lengths=lengths)[0]
+            tail_alone = net(x[:1, 3:5], t[:1], cache=own, positions=at)[0]
+        leaked = net(x, t)[0, :5]
+    torch.testing.assert_close(padded, alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(tail, tail_alone, rtol=0, atol=1e-12)
+    assert (leaked - alone).abs().max() > 1e-3
