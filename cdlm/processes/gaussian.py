@@ -240,9 +240,7 @@ class GaussianProcess(ProcessModule):
         """Both objectives weight every level alike (CDCD's CE; Diffusion-LM's x0-MSE)."""
         return torch.ones_like(t)
 
-    def prior(
-        self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
-    ) -> Tensor:
+    def prior(self, shape: tuple[int, int], device: torch.device, generator: rng.Draws) -> Tensor:
         """x_1 ~ N(0, I), (B, L, D)."""
         return rng.randn((*shape, self.embed_dim), generator, device=device)
 

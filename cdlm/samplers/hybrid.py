@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cdlm import rng
 from cdlm.denoiser import Denoiser, per_position
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
@@ -69,9 +70,9 @@ def sample_hybrid(
         pred = denoiser(x, levels)
         logp = torch.log_softmax(pred.logits.double(), -1)
         drawn = sample_categorical(logp, generator, temperature)
-        u = torch.rand(x.shape[:2], device=x.device, generator=generator, dtype=torch.float64)
+        u = rng.rand(x.shape[:2], generator, device=x.device, dtype=torch.float64)
         reveal = u < share.double()[:, None]
-        noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+        noise = rng.randn(x.shape, generator, device=x.device, dtype=x.dtype)
         ss = torch.where(s <= 0, t, s)  # the last interval reveals everything: no step
         coefficients = [
             per_position(f(v)) for v in (t, ss) for f in (schedule.alpha, schedule.sigma)
