@@ -224,3 +224,15 @@ def test_padding_is_hidden_from_every_query(index):
     torch.testing.assert_close(padded, alone, rtol=0, atol=1e-12)
     torch.testing.assert_close(tail, tail_alone, rtol=0, atol=1e-12)
     assert (leaked - alone).abs().max() > 1e-3
+
+
+def test_stop_at_eos_ends_each_row_on_its_own():
+    """Per-row stop-at-EOS (hand-made canvases, [MASK] = 9, EOS = 0): a row with an EOS and no
+    mask before it, and only masks after the block in its own canvas, is filled with EOS; one
+    without an EOS goes on; a row's right padding (EOS, past its length) is not its canvas."""
+    from cdlm.samplers.masked_steps import ended_rows
+
+    x = torch.tensor([[5, 0, 9, 9, 9], [5, 6, 9, 9, 9], [5, 0, 9, 0, 0], [9, 0, 9, 9, 9]])
+    got = ended_rows(x, 2, 0, 9, [5, 5, 3, 5])
+    want = [[5, 0, 0, 0, 0], [5, 6, 9, 9, 9], [5, 0, 0, 0, 0], [9, 0, 9, 9, 9]]
+    assert got.tolist() == want
