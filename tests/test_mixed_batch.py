@@ -69,14 +69,14 @@ def alone(model, sampler, row: Row, seed: int, steps: int) -> list[int]:
     return generate(model, sampler, plan).samples[0].token_ids
 
 
-# (process, sampler and its options; None: the process's default). Block decoding whose steps
-# are shared out over the blocks splits them by the batch's longest canvas, hence
-# steps_per_block (docs/conditioning.md).
+# (process, sampler and its options; None: the process's default).
 CASES = [
     ("ar", None, {}),
     ("masked", None, {}),
     ("masked", "threshold", {}),
     ("masked", "confidence", {}),
+    ("masked", "ancestral", {"block_length": 4}),
+    ("block", None, {}),
     ("block", "block", {"steps_per_block": 2}),
     ("gaussian", None, {}),
     ("gaussian", "ddpm", {}),

@@ -35,12 +35,14 @@ from cdlm.denoiser import Denoiser, Prediction
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, named_by_rule, register
 from cdlm.samplers.blockwise import BlockCache, Calls, DualCache, PrefixCache, check_cache
 from cdlm.samplers.masked_steps import (
-    Interval,
-    block_grid,
     blocks_of,
     ended_at_eos,
     ended_rows,
+    intervals,
     penalise_repeats,
+    row_grids,
+    steps_of,
+    times_at,
 )
 from cdlm.samplers.rules import Ancestral, Rule, Window, check_rule
 
@@ -97,7 +99,7 @@ def decode(
     rule: Rule,
     source: Whole | Windowed,
     x: Tensor,
-    grid: Tensor,
+    grid: Tensor | list[Tensor],
     blocks: list[tuple[int, int]],
     process,
     generator: torch.Generator | None,
@@ -105,8 +107,9 @@ def decode(
     repeat_penalty: float = 0.0,
     stop_at_eos: bool = True,
 ) -> SampleOutput:
-    """Decodes ``blocks`` left to right, each walking ``grid``; see the module docstring.
-    x: (B, L) with [MASK] where undecided (everything else, a prompt, is never changed)."""
+    """Decodes ``blocks`` left to right, each walking ``grid`` (or each row its own, from
+    ``row_grids``); see the module docstring. x: (B, L) with [MASK] where undecided (everything
+    else, a prompt, is never changed)."""
     mask_id, length = process.mask_id, x.shape[1]
     free_at_start, memo = x == mask_id, rule.memo(x)
     i, pred = 0, None
@@ -114,23 +117,23 @@ def decode(
         in_block = torch.zeros(length, dtype=torch.bool, device=x.device)
         in_block[a:b] = True
         free = free_at_start & in_block
-        for j in range(len(grid) - 1):
+        for j in range(steps_of(grid)):
             if not ((x == mask_id) & in_block).any() and not (rule.revises and free.any()):
                 break  # the block is decided: no call is needed for the steps left
-            t, s = float(grid[j]), float(grid[j + 1])
+            t, s = times_at(grid, j)
             view, pred = source(x, a, b, j, t)
-            iv = Interval.between(process.schedule.keep, t, s, len(grid) - 1 - j)
             seen = x[:, view]
             logp = penalise_repeats(seen, pred.logits, mask_id, repeat_penalty)
             x = x.clone()
-            rows = _undecided(x, mask_id, in_block, free, rule.revises, generator)
-            kept = None if memo is None else memo[rows][:, view]
-            window = Window(seen[rows], logp[rows], free[rows][:, view], mask_id, kept)
+            undecided = _undecided(x, mask_id, in_block, free, rule.revises, generator)
             span = range(length)[view]
-            draws = rng.select(rng.window(generator, span.start, span.stop), rows)
-            x[rows, view] = rule.step(window, iv, draws)
-            if memo is not None:
-                memo[rows, view] = window.memo
+            for rows, iv in intervals(grid, j, undecided, process.schedule.keep):
+                kept = None if memo is None else memo[rows][:, view]
+                window = Window(seen[rows], logp[rows], free[rows][:, view], mask_id, kept)
+                draws = rng.select(rng.window(generator, span.start, span.stop), rows)
+                x[rows, view] = rule.step(window, iv, draws)
+                if memo is not None:
+                    memo[rows, view] = window.memo
             if callback is not None:
                 callback(StepInfo(i=i, t=t, s=s, x=x, prediction=pred))
             i += 1
@@ -171,7 +174,7 @@ def _blockwise(
     calls = Calls(denoiser, kv, x.shape[1], x.device)
     source = Windowed(calls, cache, exact=process.block_size is not None)
     blocks = blocks_of(x.shape[1], block_length)
-    grid = block_grid(timesteps, len(blocks), steps_per_block)
+    grid = row_grids(timesteps, x.shape[1], block_length, steps_per_block, generator)
     return decode(rule, source, x, grid, blocks, process, generator, callback, 0.0, stop_at_eos)
 
 
@@ -228,7 +231,7 @@ def sample_masked(
         )  # fmt: skip
     if cache is None:
         blocks = blocks_of(x.shape[1], block_length)
-        grid = timesteps if len(blocks) == 1 else block_grid(timesteps, len(blocks))
+        grid = row_grids(timesteps, x.shape[1], block_length, None, generator, whole=True)
         source = Whole(denoiser, x.shape[1], rule.reuses)
         return decode(
             rule, source, x, grid, blocks, process, generator, callback, repeat_penalty,

@@ -13,7 +13,7 @@ draws are float64 and made only at the positions being decided.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -210,3 +210,60 @@ def ended_rows(x: Tensor, upto: int, eos: int | None, mask_id: int, lengths: lis
         if ended is not None:
             x[b, :n] = ended[0]
     return x
+
+
+def row_grids(
+    timesteps: Tensor,
+    length: int,
+    block_length: int | None,
+    steps_per_block: int | None,
+    generator: rng.Draws,
+    whole: bool = False,
+) -> Tensor | list[Tensor]:
+    """The ``block_grid`` of a canvas of ``length`` in blocks of ``block_length`` (``whole``:
+    one block walks ``timesteps`` itself); with per-row generators (``rng.Rows``) of shorter
+    rows, each row's own grid, from its own block count, as it would walk alone."""
+
+    def grid(n: int) -> Tensor:
+        blocks = len(blocks_of(n, block_length))
+        if whole and blocks == 1:
+            return timesteps
+        return block_grid(timesteps, blocks, None if whole else steps_per_block)
+
+    if not isinstance(generator, rng.Rows) or min(generator.lengths) == length:
+        return grid(length)
+    return [grid(n) for n in generator.lengths]
+
+
+def steps_of(grid: Tensor | list[Tensor]) -> int:
+    """Steps per block: the grid's, or the most of any row's."""
+    return len(grid) - 1 if isinstance(grid, Tensor) else max(len(g) for g in grid) - 1
+
+
+def times_at(grid: Tensor | list[Tensor], j: int) -> tuple[float, float]:
+    """(t, s) of step j: the grid's, or the latest of the rows still walking theirs (what a
+    call and its callback report; the token networks do not read it)."""
+    if isinstance(grid, Tensor):
+        return float(grid[j]), float(grid[j + 1])
+    return max((float(g[j]), float(g[j + 1])) for g in grid if j < len(g) - 1)
+
+
+def intervals(
+    grid: Tensor | list[Tensor], j: int, rows: Tensor | slice, keep: Callable
+) -> Iterator[tuple[Tensor | slice, Interval]]:
+    """The ``rows`` that step j decides with each ``Interval``: all of them with the grid's, or
+    per-row grids grouped by their values (rows whose grid has ended take no step)."""
+    if isinstance(grid, Tensor):
+        yield rows, Interval.between(keep, float(grid[j]), float(grid[j + 1]), len(grid) - 1 - j)
+        return
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for b, g in enumerate(grid):
+        groups.setdefault(tuple(g.tolist()), []).append(b)
+    for values, members in groups.items():
+        if j >= len(values) - 1:
+            continue
+        chosen = torch.zeros_like(rows)
+        chosen[members] = True
+        if (chosen := chosen & rows).any():
+            steps_left = len(values) - 1 - j
+            yield chosen, Interval.between(keep, values[j], values[j + 1], steps_left)
