@@ -76,7 +76,7 @@ def generate_rows(
     check_compatible(sampler, process.kind)
     if plan.layout is not None or plan.strength != 1.0 or plan.guidance != Guidance():
         raise ValueError("rows carry their own canvases and are drawn unguided, without edits")
-    layouts = [lay for lay in row_layouts(model, plan.seq_len, rows, what)]
+    layouts = row_layouts(model, plan.seq_len, rows, what)
     layouts = [lay for lay in layouts for _ in range(plan.num_samples)]
     sources = [row for row in rows for _ in range(plan.num_samples)]
     device = next(network.parameters()).device
