@@ -166,7 +166,9 @@ def test_gaussian_elbo_shows_the_held_context_at_level_zero_at_every_call():
     assert len(seen) == 3
     for x_t, t in seen:
         assert t.shape == (1, 4) and (t[held] == 0).all() and (t[~held] > 0).all()
-        assert torch.allclose(x_t[held], e[held], atol=5 * float(process.schedule.sigma(t[held])[0]))
+        assert torch.allclose(
+            x_t[held], e[held], atol=5 * float(process.schedule.sigma(t[held])[0])
+        )
 
 
 @pytest.mark.parametrize("process", ["autoregressive", "masked"])
