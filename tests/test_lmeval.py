@@ -26,6 +26,7 @@ from cdlm.evaluation.lmeval import CdlmLM  # noqa: E402
 from cdlm.evaluation.lmeval_scores import continuation_score, cut_at_stops  # noqa: E402
 from cdlm.likelihood.elbo import elbo  # noqa: E402
 from cdlm.model_file import load_model, oracle_model  # noqa: E402
+from cdlm.samplers.base import sampler_name  # noqa: E402
 from cdlm.worlds.base import World  # noqa: E402
 from cdlm.worlds.chain import symbol_tokenizer  # noqa: E402
 from cdlm.worlds.transition import Transition  # noqa: E402
@@ -198,7 +199,9 @@ def test_cloze_rows_are_held_out_persuasion():
         assert f"{row['context']} {answer}." in tail
 
 
-@pytest.mark.parametrize("fixture", ["tiny_ar_checkpoint", "tiny_masked_checkpoint"])
+@pytest.mark.parametrize(
+    "fixture", ["tiny_ar_checkpoint", "tiny_masked_checkpoint", "tiny_checkpoint"]
+)
 def test_cloze_accuracy_is_the_argmax_of_the_loglikelihoods(fixture, request):
     """lm-eval's acc on the local cloze equals the share of rows whose gold choice has the
     highest log-likelihood of the model's own answers, asked directly."""
@@ -252,6 +255,16 @@ def test_cdlm_lm_eval_command_runs_a_local_task(tiny_ar_checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "cdlm_austen_cloze" in result.stdout
     assert list((tmp_path / "out").rglob("results_*.json"))
+
+
+def test_generate_until_through_a_named_sampler_stops_at_the_stop_string(tiny_masked_checkpoint):
+    """``sampler=`` and ``steps=`` reach the sampler; the text ends before the first stop."""
+    lm = CdlmLM(str(tiny_masked_checkpoint), sampler="confidence", steps=4)
+    wanted = request("generate_until", "Anne was", {"until": ["e"], "max_gen_toks": 12})
+    free = request("generate_until", "Anne was", {"until": [], "max_gen_toks": 12})
+    (cut,), (whole,) = lm.generate_until([wanted]), lm.generate_until([free])
+    assert "e" not in cut and whole.startswith(cut)
+    assert lm.steps == 4 and sampler_name(lm.sampler) == "confidence"
 
 
 def test_bad_options_are_refused_in_one_line(tiny_ar_checkpoint):
