@@ -23,7 +23,11 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from test_worlds import process_cfg, tiny_world  # noqa: E402
 
 from cdlm.evaluation.lmeval import CdlmLM  # noqa: E402
-from cdlm.evaluation.lmeval_scores import continuation_score, cut_at_stops  # noqa: E402
+from cdlm.evaluation.lmeval_scores import (  # noqa: E402
+    continuation_score,
+    cut_at_stops,
+    fit_context,
+)
 from cdlm.likelihood.elbo import elbo  # noqa: E402
 from cdlm.model_file import load_model, oracle_model  # noqa: E402
 from cdlm.samplers.base import sampler_name  # noqa: E402
@@ -96,6 +100,11 @@ def test_ar_oracle_loglikelihood_is_the_exact_conditional_and_greedy_is_the_argm
     rolled = lm.loglikelihood_rolling([request("loglikelihood_rolling", "abcab")])
     ids = lm.model.tokenizer("abcab", add_special_tokens=False)["input_ids"]
     assert rolled[0] == pytest.approx(-exact_nats(world, [], ids), abs=1e-5)
+    # longer than seq_len (6): disjoint windows of 6 tokens, each scored on its own
+    long = lm.loglikelihood_rolling([request("loglikelihood_rolling", "abcabcabca")])
+    ids = lm.model.tokenizer("abcabcabca", add_special_tokens=False)["input_ids"]
+    windows = exact_nats(world, [], ids[:6]) + exact_nats(world, [], ids[6:])
+    assert long[0] == pytest.approx(-windows, abs=1e-5)
 
 
 @pytest.mark.parametrize("context, continuation", [("abc", "a"), ("ab", "ca")])
@@ -179,6 +188,14 @@ def test_generate_until_continues_the_cycle_and_cuts_at_the_stop(process):
     assert out["results"]["cdlm_cycle_until"]["exact_match,none"] == 1.0
     texts = [s["resps"][0][0] for s in out["samples"]["cdlm_cycle_until"]]
     assert texts == ["ca", "a", "ca"]
+
+
+def test_the_context_is_cut_from_the_left_to_fit_seq_len_and_a_long_continuation_refused():
+    assert fit_context([1, 2, 3, 4, 5], [6, 7], 10) == [1, 2, 3, 4, 5]
+    assert fit_context([1, 2, 3, 4, 5], [6, 7], 4) == [4, 5]
+    assert fit_context([], [6, 7], 2) == []
+    with pytest.raises(ValueError, match=r"^a continuation of 3 tokens is longer than the mod"):
+        fit_context([1], [6, 7, 8], 2)
 
 
 def test_cut_at_stops_takes_the_earliest_stop():

@@ -64,7 +64,7 @@ def fit_context(context: list[int], continuation: list[int], seq_len: int) -> li
             f"a continuation of {len(continuation)} tokens is longer than the model's seq_len "
             f"{seq_len}"
         )
-    return context[len(context) + len(continuation) - seq_len :] if context else context
+    return context[max(0, len(context) + len(continuation) - seq_len) :]
 
 
 @torch.no_grad()
