@@ -42,12 +42,13 @@ class Elbo:
     nfe: int
 
 
-def prior_kl(process: GaussianProcess, e: Tensor) -> Tensor:
-    """KL(N(alpha_1 e, sigma_1^2 I) || N(0, I)) summed over positions and dims, (B,) nats."""
+def prior_kl(process: GaussianProcess, e: Tensor, scored: Tensor | None = None) -> Tensor:
+    """KL(N(alpha_1 e, sigma_1^2 I) || N(0, I)) summed over dims and the ``scored`` positions
+    (B, L) (all by default), (B,) nats."""
     one = torch.ones(1, dtype=torch.float64, device=e.device)
     a1, s1 = process.schedule.alpha(one), process.schedule.sigma(one)
     per_dim = 0.5 * (a1**2 * e.double() ** 2 + s1**2 - 1 - torch.log(s1**2))
-    return per_dim.sum((-1, -2))
+    return (per_dim if scored is None else per_dim * scored[..., None]).sum((-1, -2))
 
 
 @torch.no_grad()
@@ -59,13 +60,23 @@ def elbo(
     generator: torch.Generator | None = None,
     t_samples: int = 1,
     decoder: str = "embedding",
+    held: Tensor | None = None,
 ) -> Elbo:
     """Monte Carlo VDM bound for tokens (B, L), ``t_samples`` stratified log-SNR levels per
     sequence; ``decoder`` chooses p(w | x_0) (see ``rounding_nll``). ``denoiser`` must be a pure
-    function of (x_t, t), e.g. ``likelihood_denoiser``."""
+    function of (x_t, t), e.g. ``likelihood_denoiser``.
+
+    ``held`` (B, L) bool: a context the bound conditions on (lm-eval's loglikelihood), shown at
+    level 0 at every t (per-token levels) and left out of every term, so the terms are bits per
+    scored token of -log p(the rest | the held tokens) under the reverse process that keeps
+    them there. Every row needs a scored token."""
     if t_samples < 1:
         raise ValueError(f"t_samples must be >= 1, got {t_samples}")
     batch, length = tokens.shape
+    held = torch.zeros_like(tokens, dtype=torch.bool) if held is None else held
+    scored = ~held
+    if not bool(scored.any(-1).all()):
+        raise ValueError("every row needs a token that is not held for the ELBO to score")
     e = process.embedding(tokens).detach()
     ends = torch.tensor([1.0, 0.0], dtype=torch.float64, device=tokens.device)
     lo, hi = process.schedule.logsnr(ends)
@@ -74,17 +85,22 @@ def elbo(
     for k in range(t_samples):
         logsnr = lo + u[k].double() * (hi - lo)
         t = process.schedule.t_from_logsnr(logsnr).to(e.dtype)
+        t = torch.where(held, 0.0, t[:, None]) if bool(held.any()) else t
         noise = torch.randn(e.shape, device=e.device, generator=generator, dtype=e.dtype)
         x0_hat = denoiser(process.noised(e, t, noise), t).x0
-        error = (e.double() - x0_hat.double()).pow(2).sum((-1, -2))
+        error = ((e.double() - x0_hat.double()).pow(2) * scored[..., None]).sum((-1, -2))
         diffusion += 0.5 * (hi - lo) * logsnr.exp() * error
     diffusion /= t_samples
     zero = torch.zeros(batch, device=e.device, dtype=e.dtype)
     noise = torch.randn(e.shape, device=e.device, generator=generator, dtype=e.dtype)
     reconstruction = rounding_nll(
-        process, denoiser, process.noised(e, zero, noise), tokens, decoder
+        process, denoiser, process.noised(e, zero, noise), tokens, decoder, scored
     )
-    terms = [bits_per_token(v, length) for v in (prior_kl(process, e), diffusion, reconstruction)]
+    counted = scored.sum(-1).double()  # float64: an int tensor times ln 2 would be float32
+    terms = [
+        bits_per_token(v, counted)
+        for v in (prior_kl(process, e, scored), diffusion, reconstruction)
+    ]
     nfe = t_samples + (decoder == "model")
     return Elbo(*terms, total=sum(terms), nfe=nfe)
 

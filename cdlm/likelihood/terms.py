@@ -36,9 +36,15 @@ def likelihood_denoiser(process: GaussianProcess, network: nn.Module) -> Denoise
 
 
 def rounding_nll(
-    process: GaussianProcess, denoiser: Denoiser, x: Tensor, tokens: Tensor, decoder: str
+    process: GaussianProcess,
+    denoiser: Denoiser,
+    x: Tensor,
+    tokens: Tensor,
+    decoder: str,
+    scored: Tensor | None = None,
 ) -> Tensor:
-    """-log p(w | x_{t=0}) summed over positions, (B,) nats. x: (B, L, D) a draw of x_{t=0}.
+    """-log p(w | x_{t=0}) summed over the ``scored`` positions (B, L) (all by default), (B,)
+    nats. x: (B, L, D) a draw of x_{t=0}.
 
     ``embedding``: the exact posterior of the token under q(x_0 | w) = N(alpha_0 E[w], sigma_0^2 I)
     with a uniform token prior (VDM, Kingma et al. 2021, eq. 16), i.e. the nearest-embedding
@@ -54,9 +60,10 @@ def rounding_nll(
     else:
         logits = denoiser(x, zero.to(x.dtype)).logits.double()
     nll = F.cross_entropy(logits.flatten(0, 1), tokens.flatten(), reduction="none")
-    return nll.view(tokens.shape).sum(-1)
+    nll = nll.view(tokens.shape)
+    return (nll if scored is None else nll * scored).sum(-1)
 
 
-def bits_per_token(nats: Tensor, n_tokens: int) -> Tensor:
-    """Per-sequence nats -> bits per token."""
+def bits_per_token(nats: Tensor, n_tokens: int | Tensor) -> Tensor:
+    """Per-sequence nats -> bits per token (``n_tokens``: one count, or one per sequence)."""
     return nats / (n_tokens * math.log(2))
