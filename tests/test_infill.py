@@ -23,10 +23,13 @@ from cdlm.processes import (
     UniformProcess,
     fim,
 )
+from cdlm.processes.hybrid import HybridMasking
+from cdlm.processes.inputs import PosteriorInput
 from cdlm.regions import assemble, build_layout, parse_template, prompt_template
 from cdlm.samplers import SAMPLERS, uniform_grid
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.gaussian import rolling
+from cdlm.schedules import CosineMaskSchedule
 
 L = 56  # the networks' training length; every canvas here is shorter
 TEMPLATE = "It was [[3]] the morning, and [[some doubt]] remained [[2]] at Kellynch."
@@ -73,6 +76,9 @@ def processes(tok, fim_tok=None):
         "masked_shift": MaskedProcess(v, mask_id=mask, eos_id=eos, shift=True).eval(),
         "block": BlockProcess(v, mask_id=mask, block_size=BLOCK_SIZE, eos_id=eos).eval(),
         "uniform": UniformProcess(v).eval(),
+        "hybrid": GaussianProcess(
+            v, embed_dim=4, input=PosteriorInput(), hybrid=HybridMasking(CosineMaskSchedule())
+        ).eval(),
     }
 
 
@@ -95,6 +101,9 @@ def sampler_cases():
         for kind in kinds:
             if name == "speculative":
                 continue  # prompts only (tests/test_speculative.py)
+            if name == "hybrid":  # a gaussian model trained with process.hybrid only
+                yield name, "hybrid", {}
+                continue
             if kind in ("block", "autoregressive"):
                 yield name, kind, {}
                 yield name, kind, {"cache": None} if kind == "block" else {"use_cache": False}

@@ -172,8 +172,10 @@ def test_empirical_convergence_order(sampler, order):
 
 
 def test_every_registered_gaussian_sampler_is_in_the_contract_suite():
+    """Every gaussian sampler but ``hybrid``, which reveals tokens of a model trained with
+    ``process.hybrid`` and has no Gaussian-data contract (tests/test_hybrid.py checks it)."""
     names = {fn.sampler_name for fn in ALL_GAUSSIAN}
-    assert names == {n for n, kinds in SAMPLERS.items() if "gaussian" in kinds}
+    assert names == {n for n, kinds in SAMPLERS.items() if "gaussian" in kinds} - {"hybrid"}
 
 
 def expected_nfe(sampler, steps, calls):
