@@ -47,7 +47,7 @@ def offline(monkeypatch):
     monkeypatch.chdir(TASKS)
 
 
-def request(kind: str, *args) -> Instance:
+def instance(kind: str, *args) -> Instance:
     return Instance(kind, {}, tuple(args), 0)
 
 
@@ -90,18 +90,18 @@ def test_ar_oracle_loglikelihood_is_the_exact_conditional_and_greedy_is_the_argm
     world = tiny_world(length=6)
     lm = CdlmLM(oracle_model(world, process_cfg("autoregressive")))
     pairs = [("ab", "ca"), ("a", "b"), ("cab", "bc"), ("b", "aa"), ("ac", "c")]
-    got = lm.loglikelihood([request("loglikelihood", *p) for p in pairs])
+    got = lm.loglikelihood([instance("loglikelihood", *p) for p in pairs])
     assert [greedy for _, greedy in got] == [False, False, False, True, True]
     for (context, continuation), (logp, greedy) in zip(pairs, got, strict=True):
         ids = lm.model.tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
         head = len(context)
         assert logp == pytest.approx(-exact_nats(world, ids[:head], ids[head:]), abs=1e-5)
         assert greedy == all(best_next(world, ids[:i]) == ids[i] for i in range(head, len(ids)))
-    rolled = lm.loglikelihood_rolling([request("loglikelihood_rolling", "abcab")])
+    rolled = lm.loglikelihood_rolling([instance("loglikelihood_rolling", "abcab")])
     ids = lm.model.tokenizer("abcab", add_special_tokens=False)["input_ids"]
     assert rolled[0] == pytest.approx(-exact_nats(world, [], ids), abs=1e-5)
     # longer than seq_len (6): disjoint windows of 6 tokens, each scored on its own
-    long = lm.loglikelihood_rolling([request("loglikelihood_rolling", "abcabcabca")])
+    long = lm.loglikelihood_rolling([instance("loglikelihood_rolling", "abcabcabca")])
     ids = lm.model.tokenizer("abcabcabca", add_special_tokens=False)["input_ids"]
     windows = exact_nats(world, [], ids[:6]) + exact_nats(world, [], ids[6:])
     assert long[0] == pytest.approx(-windows, abs=1e-5)
@@ -136,7 +136,7 @@ def test_masked_greedy_is_the_argmax_of_one_call_from_the_prior():
     world = tiny_world(length=6)
     lm = CdlmLM(oracle_model(world, process_cfg("masked")), mc_draws=2)
     pairs = [("b", "a"), ("b", "c"), ("ac", "c"), ("ac", "a")]
-    got = lm.loglikelihood([request("loglikelihood", *p) for p in pairs])
+    got = lm.loglikelihood([instance("loglikelihood", *p) for p in pairs])
     assert [greedy for _, greedy in got] == [True, False, True, False]
 
 
@@ -238,7 +238,7 @@ def test_cloze_accuracy_is_the_argmax_of_the_loglikelihoods(fixture, request):
 
 
 def request_of(context: str, continuation: str) -> Instance:
-    return request("loglikelihood", context, continuation)
+    return instance("loglikelihood", context, continuation)
 
 
 @pytest.mark.slow  # ~30 s: lm-eval's command line indexes its thousands of built-in tasks
@@ -277,17 +277,31 @@ def test_cdlm_lm_eval_command_runs_a_local_task(tiny_ar_checkpoint, tmp_path):
 def test_generate_until_through_a_named_sampler_stops_at_the_stop_string(tiny_masked_checkpoint):
     """``sampler=`` and ``steps=`` reach the sampler; the text ends before the first stop."""
     lm = CdlmLM(str(tiny_masked_checkpoint), sampler="confidence", steps=4)
-    wanted = request("generate_until", "Anne was", {"until": ["e"], "max_gen_toks": 12})
-    free = request("generate_until", "Anne was", {"until": [], "max_gen_toks": 12})
+    wanted = instance("generate_until", "Anne was", {"until": ["e"], "max_gen_toks": 12})
+    free = instance("generate_until", "Anne was", {"until": [], "max_gen_toks": 12})
     (cut,), (whole,) = lm.generate_until([wanted]), lm.generate_until([free])
     assert "e" not in cut and whole.startswith(cut)
     assert lm.steps == 4 and sampler_name(lm.sampler) == "confidence"
+
+
+@pytest.mark.parametrize("fixture", ["tiny_ar_checkpoint", "tiny_masked_checkpoint"])
+def test_generate_until_batches_prompts_and_each_is_as_if_alone(fixture, request):
+    """Prompts of different lengths in one batched call: request r is what it is alone with
+    seed ``seed + r`` (``generate_rows``)."""
+    path = request.getfixturevalue(fixture)
+    contexts = ["Anne", "Captain Wentworth was", "She had"]
+    asked = [instance("generate_until", c, {"until": [], "max_gen_toks": 6}) for c in contexts]
+    together = CdlmLM(str(path), steps=6, batch_size=3).generate_until(asked)
+    for r, one in enumerate(asked):
+        alone = CdlmLM(str(path), steps=6, seed=r).generate_until([one])
+        assert alone == [together[r]]
+    assert len(set(together)) > 1
 
 
 def test_bad_options_are_refused_in_one_line(tiny_ar_checkpoint):
     with pytest.raises(ValueError, match=r"^mc_draws must be >= 1, got 0$"):
         CdlmLM(str(tiny_ar_checkpoint), mc_draws=0)
     lm = CdlmLM(load_model(tiny_ar_checkpoint))
-    bad = request("generate_until", "Anne", {"until": ["."], "beams": 2})
+    bad = instance("generate_until", "Anne", {"until": ["."], "beams": 2})
     with pytest.raises(ValueError, match=r"^unknown gen_kwargs for model=cdlm: beams;"):
         lm.generate_until([bad])

@@ -23,7 +23,7 @@ from cdlm.evaluation.lmeval_scores import (
     cut_at_stops,
     encode,
     rolling_nats,
-    sample_one,
+    sample_continuations,
     split_pair,
 )
 from cdlm.generation import choose, named_sampler
@@ -33,6 +33,7 @@ from cdlm.progress import progress
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_GEN_TOKS = 256
+GENERATE_BATCH = 16  # different prompts per sampler call when lm-eval's batch size is auto
 # generation options that lm-eval tasks pass and a cdlm sampler decides by itself
 SAMPLER_DECIDES = ("do_sample", "temperature", "top_p", "top_k")
 
@@ -51,7 +52,8 @@ class CdlmLM(LM):
             choices of one question share their draws (common random numbers).
         device: where the model runs (a CUDA device where there is none: the CPU, with a warning,
             since lm-eval's command line asks for ``cuda:0`` unless told otherwise).
-        batch_size: at most this many draws per network call (lm-eval's ``--batch_size``).
+        batch_size: at most this many draws per network call (lm-eval's ``--batch_size``),
+            and different prompts per ``generate_until`` sampler call (default 16).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class CdlmLM(LM):
         self.sampler, self.steps = choice.sampler, choice.steps
         self.mc_draws, self.seed = int(mc_draws), int(seed)
         self.draw_batch = _draw_batch(batch_size, self.mc_draws)
+        self.generate_batch = _draw_batch(batch_size, GENERATE_BATCH)
 
     def _seed(self, context: str) -> int:
         """The request's seed: the base seed mixed with its context (not its place in a run)."""
@@ -114,16 +117,22 @@ class CdlmLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """A sampled continuation per request, cut at the first of its ``until`` strings and at
-        most ``max_gen_toks`` tokens long (fewer where the model's ``seq_len`` leaves less)."""
-        out = []
-        for request in progress(requests, "lm-eval generate", enabled=not disable_tqdm):
+        most ``max_gen_toks`` tokens long (fewer where the model's ``seq_len`` leaves less); the
+        prompts are batched, request r drawing from seed ``seed + r`` (``generate_rows``)."""
+        asked = []
+        for request in requests:
             context, options = request.args
             stops, most = _generation_options(options)
-            text = sample_one(
-                self.model, self.sampler, self.steps, context, most, self._seed(context)
-            )
-            out.append(cut_at_stops(text, stops))
-        return out
+            asked.append((context, most, stops))
+        texts = sample_continuations(
+            self.model,
+            self.sampler,
+            self.steps,
+            [(context, most) for context, most, _ in asked],
+            self.seed,
+            self.generate_batch,
+        )
+        return [cut_at_stops(text, stops) for text, (_, _, stops) in zip(texts, asked, strict=True)]
 
 
 def _device(name: str | None) -> torch.device:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from cdlm import rng
-from cdlm.generation import Plan, generate
-from cdlm.generation.inputs import read_layout
+from cdlm.generation import Plan, Row, generate_rows
 from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.terms import likelihood_denoiser
 from cdlm.model_file import Model
@@ -171,26 +170,26 @@ def cut_at_stops(text: str, stops: list[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
-def sample_one(
+def sample_continuations(
     model: Model,
     sampler,
     steps: int,
-    prompt: str,
-    max_new_tokens: int,
+    requests: list[tuple[str, int]],
     seed: int,
-) -> str:
-    """One continuation of ``prompt``: ``max_new_tokens`` positions after it (fewer where the
-    model's ``seq_len`` leaves less room; the prompt cut from the left to leave one at least),
-    drawn by ``sampler`` in ``steps`` steps and decoded up to the first EOS. One request at a
-    time through ``cdlm.generation``; a batched driver for different prompts can replace this
-    function whole."""
+    batch_size: int | None = None,
+) -> list[str]:
+    """A continuation of each ``(prompt, max_new_tokens)``: that many positions after the prompt
+    (fewer where the model's ``seq_len`` leaves less room; the prompt cut from the left to leave
+    one at least), drawn by ``sampler`` in ``steps`` steps, ``batch_size`` different prompts per
+    call (``cdlm.generation.generate_rows``; request r draws from seed ``seed + r``, so it is
+    the same alone or batched), and decoded up to the first EOS."""
     seq_len = model.config["seq_len"]
-    new = max(1, min(max_new_tokens, seq_len - 1))
-    ids = encode(model, prompt)
-    if len(ids) + new > seq_len:
-        prompt = model.tokenizer.decode(ids[len(ids) + new - seq_len :])
-    layout = read_layout(model, seq_len, prompt=prompt, max_new_tokens=new)
-    plan = Plan(num_samples=1, seq_len=len(layout.ids), steps=steps, seed=seed, layout=layout)
-    sample = generate(model, sampler, plan).samples[0]
-    tail = [i for i, free in zip(sample.token_ids, layout.editable, strict=False) if free]
-    return model.tokenizer.decode(tail, skip_special_tokens=True)
+    rows = []
+    for prompt, max_new_tokens in requests:
+        new = max(1, min(max_new_tokens, seq_len - 1))
+        ids = encode(model, prompt)
+        if len(ids) + new > seq_len:
+            prompt = model.tokenizer.decode(ids[len(ids) + new - seq_len :])
+        rows.append(Row(prompt=prompt, max_new_tokens=new))
+    plan = Plan(num_samples=1, seq_len=seq_len, steps=steps, seed=seed, batch_size=batch_size)
+    return [r.completion for r in generate_rows(model, sampler, plan, rows).rows]
