@@ -208,9 +208,10 @@ def nll_after(scorer, prompts: list[str], texts: list[str], batch: int = 8) -> l
     return out
 
 
-def continuation_scores(prompts, texts, ids, truths, scorer, args) -> dict:
+def continuation_scores(prompts, texts, ids, reference, scorer, args) -> dict:
     """gen-PPL and entropy, MAUVE against the true next paragraphs over k-means seeds, and
-    the prompt dependence: NLL after a shuffled prompt (the next row's) minus after its own."""
+    the prompt dependence: NLL after a shuffled prompt (the next row's) minus after its own.
+    ``reference``: the scorer's MAUVE features of the true next paragraphs."""
     from cdlm.evaluation.harness import text_quality
     from cdlm.evaluation.mauve import features, mauve_score
 
@@ -219,8 +220,8 @@ def continuation_scores(prompts, texts, ids, truths, scorer, args) -> dict:
     other = nll_after(scorer, prompts[1:] + prompts[:1], texts)
     diffs = [s - o for o, s in zip(own, other, strict=True) if o is not None]
     dependence, se = mean_se(diffs)
-    p, r = features(texts, scorer), features(truths, scorer)
-    mauves = [mauve_score(p, r, seed=k).value for k in range(args.mauve_seeds)]
+    mine = features(texts, scorer)
+    mauves = [mauve_score(mine, reference, seed=k).value for k in range(args.mauve_seeds)]
     return {
         "gen_ppl": q.get("gen_ppl"),
         "entropy": q["token_entropy_bits"],
@@ -240,6 +241,7 @@ def austen_rows(model, job: dict, args: argparse.Namespace, scorer) -> list[dict
     """One continuation per held-out prompt at every guidance scale (guidance on the prompt,
     the default sampler, seed ``args.seed + i`` for prompt i at every scale), and the true next
     paragraphs scored alike as the reference."""
+    from cdlm.evaluation.mauve import features
     from cdlm.generation import Plan, generate, named_sampler
     from cdlm.generation.inputs import fill_id
     from cdlm.guidance import Guidance
@@ -255,8 +257,9 @@ def austen_rows(model, job: dict, args: argparse.Namespace, scorer) -> list[dict
     truths = [r["response"] for r in picked]
     truth_ids = [word_ids(tok, t) for t in truths]
     sampler = named_sampler(model.process.default_sampler)
+    reference = features(truths, scorer)
     rows = [{"scale": None, "sampler": "real next paragraph", "nfe": None}
-            | continuation_scores(prompts, truths, truth_ids, truths, scorer, args)]  # fmt: skip
+            | continuation_scores(prompts, truths, truth_ids, reference, scorer, args)]  # fmt: skip
     for scale in SCALES:
         outs, nfe = [], []
         for i, head in enumerate(heads):
@@ -271,7 +274,7 @@ def austen_rows(model, job: dict, args: argparse.Namespace, scorer) -> list[dict
             nfe.append(gen.nfe)
         texts = [tok.decode(o) for o in outs]
         row = {"scale": scale, "sampler": model.process.default_sampler, "nfe": max(nfe)}
-        row |= continuation_scores(prompts, texts, outs, truths, scorer, args)
+        row |= continuation_scores(prompts, texts, outs, reference, scorer, args)
         row["example"] = {"prompt": prompts[0][-200:], "continuation": texts[0]}
         rows.append(row)
         print(f"{job['name']} @ scale {scale:g}: {row}", flush=True)
