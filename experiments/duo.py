@@ -370,10 +370,11 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n" + END + "\n"
 
 
-def with_prose(path: Path, generated: str) -> str:
-    """The doc with its measured section replaced; prose before and after the markers kept."""
+def with_prose(path: Path, generated: str, script: str = "experiments/duo.py") -> str:
+    """The doc with ``script``'s measured section replaced; prose before and after the markers
+    kept."""
     old = path.read_text() if path.is_file() else ""
-    start = old.find("<!-- measured: experiments/duo.py")
+    start = old.find(f"<!-- measured: {script}")
     if start < 0:
         return old + ("\n" if old else "") + generated
     stop = old.find(END, start)

@@ -141,6 +141,23 @@ def test_plan_checkers_refuse_wrong_answers():
         games.parse("It is a truth universally acknowledged")
 
 
+def test_cells_correct_gives_partial_credit_by_hand():
+    full = games.sudoku(random.Random(1), blanks=(0, 0)).prompt.split()[:81]
+    grid = [int(c) for c in full]
+    cells = " ".join("0" if i in (0, 80) else str(v) for i, v in enumerate(grid))
+    p = games.Puzzle("sudoku", cells + " =", f" {grid[0]} {grid[80]}")
+    wrong = grid[80] % 9 + 1  # a digit given elsewhere in the last row: that cell breaks
+    assert games.cells_correct(p, p.answer) == 1.0
+    assert games.cells_correct(p, f" {grid[0]} {wrong}") == 0.5
+    assert games.cells_correct(p, " 0 0") == games.cells_correct(p, "") == 0.0
+    p = games.parse("3 5 2 6 > 22 : 3+5=8 , 8*2=16 , 16+6=22")
+    assert games.cells_correct(p, p.answer) == 1.0
+    assert games.cells_correct(p, " 3+5=8 , 8*2=16 , 16+5=21") == 2 / 3  # 5 used twice
+    assert games.cells_correct(p, " 6*3=18 , 18+2=20 , 20+5=25") == 2 / 3  # misses the target
+    assert games.cells_correct(p, " 3+5=9 , 9*2=18 , 18+4=22") == 0.0  # nothing follows
+    assert games.cells_correct(p, " 3+5=8 , 8*2=16") == 2 / 3  # a step short
+
+
 @pytest.fixture(scope="module")
 def puzzles(tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "plan.txt"
@@ -159,7 +176,7 @@ def test_an_oracle_solves_every_held_out_puzzle_of_both_games(puzzles):
     rows = games.run(model, named_sampler("confidence"), held, steps=8, seed=0)
     assert {r["game"] for r in rows} <= set(games.GAMES)
     assert sum(r["cases"] for r in rows) == 10
-    assert all(r["solve_rate"] == 1.0 and r["nfe"] >= 1 for r in rows), rows
+    assert all(r["solve_rate"] == r["cells_correct"] == 1.0 and r["nfe"] >= 1 for r in rows), rows
 
 
 def train_masked(run_dir, corpus, *overrides: str) -> None:

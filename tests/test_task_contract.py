@@ -70,7 +70,7 @@ CASES = {
         {"kind", "cases", "acceptance", "matches_original", "accepted_ppl"},
         {"kinds": ["contain"]},  # met by construction: a scored row whatever the network
     ),
-    "plan": Case("plan", 1, {"game", "cases", "solve_rate"}),
+    "plan": Case("plan", 1, {"game", "cases", "solve_rate", "cells_correct", "answers"}),
     "write": Case(
         "text",
         1,

@@ -90,6 +90,41 @@ def _sudoku_solved(cells: list[int], answer: str) -> bool:
     return all(set(unit) == full for unit in rows + cols + boxes)
 
 
+def cells_correct(p: Puzzle, answer: str) -> float:
+    """Partial credit, 1.0 exactly when ``solved``: for Sudoku the share of blanks whose digit
+    appears once in its row, column and box of the filled grid; for Countdown the share of the
+    three steps that are right, each read in turn as ``solved`` reads it (its two numbers still
+    available, its arithmetic exact), ending at the target counted as the last step's part."""
+    if p.game == "sudoku":
+        cells = [int(c) for c in p.prompt.split()[:81]]
+        digits = [int(d) if d in "123456789" and len(d) == 1 else 0 for d in answer.split()]
+        blanks = [i for i, c in enumerate(cells) if c == 0]
+        grid = list(cells)
+        for i, d in zip(blanks, digits, strict=False):
+            grid[i] = d
+        units = [[9 * r + c for c in range(9)] for r in range(9)]
+        units += [[9 * r + c for r in range(9)] for c in range(9)]
+        units += [[9 * (3 * (b // 3) + r) + 3 * (b % 3) + c for r in range(3) for c in range(3)]
+                  for b in range(9)]  # fmt: skip
+        of = {i: [u for u in units if i in u] for i in blanks}
+        ok = [grid[i] and all([grid[j] for j in u].count(grid[i]) == 1 for u in of[i])
+              for i in blanks]  # fmt: skip
+        return sum(map(bool, ok)) / len(blanks)
+    numbers, _, target = p.prompt[: -len(SEPARATOR["countdown"])].partition(" > ")
+    pool, right = Counter(int(n) for n in numbers.split()), 0
+    steps = len(numbers.split()) - 1
+    for k, eq in enumerate(answer.split(",")[:steps]):
+        m = EQUATION.match(eq)
+        if m is None:
+            continue
+        a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+        held = pool[a] >= 1 + (a == b) and pool[b] >= 1
+        if held and _apply(a, op, b) == c and (k < steps - 1 or c == int(target)):
+            pool[a], pool[b], pool[c] = pool[a] - 1, pool[b] - 1, pool[c] + 1
+            right += 1
+    return right / steps
+
+
 def _apply(a: int, op: str, b: int) -> int | None:
     if op == "+":
         return a + b
@@ -199,10 +234,12 @@ def run(
         plans.append(Plan(1, len(editable), steps, seed + i, layout=layout, cut_at_eos=False))
         heads.append(len(head))
     runs = run_cases(model, sampler, plans)
-    wins = [
-        solved(p, tok.decode(g.samples[0].token_ids[n:], skip_special_tokens=True))
-        for p, g, n in zip(puzzles, runs.generations, heads, strict=True)
+    answers = [
+        tok.decode(g.samples[0].token_ids[n:], skip_special_tokens=True)
+        for g, n in zip(runs.generations, heads, strict=True)
     ]
+    wins = [solved(p, a) for p, a in zip(puzzles, answers, strict=True)]
+    cells = [cells_correct(p, a) for p, a in zip(puzzles, answers, strict=True)]
     rows = []
     for game in sorted({p.game for p in puzzles}):
         mine = [i for i, p in enumerate(puzzles) if p.game == game]
@@ -211,6 +248,8 @@ def run(
             "game": game,
             "cases": len(mine),
             "solve_rate": sum(wins[i] for i in mine) / len(mine),
+            "cells_correct": sum(cells[i] for i in mine) / len(mine),
+            "answers": [answers[i] for i in mine],
         }
         rows.append(row | part.work() | {"warmup_s": runs.warmup_seconds})
     return rows
