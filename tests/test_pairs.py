@@ -22,7 +22,9 @@ from cdlm.processes import (
     MaskedProcess,
     UniformProcess,
 )
+from cdlm.processes.curriculum import GaussianCurriculum
 from cdlm.processes.prompts import drop_prompts
+from cdlm.processes.uniform import uniform_nelbo
 
 V, MASK = 8, 7
 TOKENS = torch.tensor([[1, 2, 3, 4, 5, 6], [2, 3, 4, 5, 1, 0]])
@@ -92,6 +94,26 @@ def test_masked_never_masks_the_prompt_and_scores_masked_response_tokens():
     expected = (weight * nll(spy, tokens) * scored).sum() / response.sum()
     torch.testing.assert_close(out.loss.detach(), expected)
     assert torch.equal(touched(spy, out.loss), scored)
+
+
+def test_uniform_holds_the_prompt_clean_and_scores_every_response_token():
+    """Uniform-state noise: the prompt is never resampled, and the ELBO integrand (which reads
+    every position's logits, resampled or not) is summed over response tokens only."""
+    process = UniformProcess(vocab_size=V)
+    rows = 16
+    spy = Spy((2 * rows, TOKENS.shape[1]))
+    out = process.loss(spy, batch(rows), torch.Generator().manual_seed(0))
+    z, t = spy.seen[0]
+    prompt, response = PROMPT.repeat(rows, 1), RESPONSE.repeat(rows, 1)
+    tokens = TOKENS.repeat(rows, 1)
+    assert torch.equal(z[prompt], tokens[prompt])  # held clean
+    assert (z[response] != tokens[response]).any()  # the response is noised
+    keep, dkeep = process.schedule.keep(t), process.schedule.dkeep(t)
+    logp = spy.logits.detach().log_softmax(-1)
+    per = uniform_nelbo(logp, z, tokens, keep, dkeep)
+    expected = (per * response).sum() / response.sum()
+    torch.testing.assert_close(out.loss.detach(), expected.float())
+    assert torch.equal(touched(spy, out.loss), response)
 
 
 def test_masked_dropout_shows_the_prompt_masked_and_still_does_not_score_it():
@@ -200,7 +222,12 @@ def test_prompt_dropout_rate():
     ("make", "dropout", "message"),
     [
         (lambda: BlockProcess(vocab_size=V, mask_id=MASK, eos_id=0), 0.1, "process=block"),
-        (lambda: UniformProcess(vocab_size=V), 0.0, "process=uniform"),
+        (lambda: UniformProcess(vocab_size=V), 0.1, "process=uniform"),
+        (
+            lambda: UniformProcess(vocab_size=V, curriculum=GaussianCurriculum(share=0.5)),
+            0.0,
+            "curriculum",
+        ),
         (lambda: AutoregressiveProcess(vocab_size=V, bos_id=0), 0.1, "prompt guidance"),
     ],
 )
@@ -284,7 +311,7 @@ def sums(n: int = 40) -> list[dict]:
     return [{"prompt": f"{a}+{a % 7}=", "response": str(a + a % 7)} for a in range(n)]
 
 
-@pytest.mark.parametrize("process", ["masked", "autoregressive", "gaussian", "block"])
+@pytest.mark.parametrize("process", ["masked", "autoregressive", "gaussian", "block", "uniform"])
 def test_cdlm_train_on_pairs(tmp_path, process):
     path = write(tmp_path / "sums.jsonl", sums())
     guided = process in ("masked", "gaussian")  # prompt dropout trains for prompt guidance
@@ -307,7 +334,10 @@ def test_cdlm_train_on_pairs(tmp_path, process):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["data.format=pairs", "process=uniform"], "does not support process=uniform"),
+        (
+            ["data.format=pairs", "process=uniform", "condition.prompt_dropout=0.1"],
+            "not supported by process=uniform",
+        ),
         (["process=masked", "condition.prompt_dropout=0.1"], "prompt_dropout applies to"),
     ],
 )

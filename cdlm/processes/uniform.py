@@ -29,6 +29,7 @@ from cdlm.processes.base import Corrupted, LevelEval, LossOutput
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.duality import argmax_pair, draw_runner, logsnr_of_alpha
 from cdlm.processes.losses import valid_mask
+from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.processes.token_process import TokenProcess
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
@@ -110,6 +111,7 @@ class UniformProcess(TokenProcess):
     exact_likelihood = False
     noise_levels = True
     sequential = False
+    trains_on_prompts = True  # the prompt is held clean (``hold_tokens``), as sampling holds it
     causal = False
     canvas_id = None
 
@@ -209,7 +211,8 @@ class UniformProcess(TokenProcess):
         """The ELBO integrand in nats per valid token at t from ``sample_t``; inside the
         curriculum's share of training, at its relaxed input (``relax``). The network then reads
         softmax(w / tau) at the time of ``schedule`` with the mapped alpha (the reference
-        conditions on -log alpha in both phases, so the level means one thing in both)."""
+        conditions on -log alpha in both phases, so the level means one thing in both). A prompt
+        (``cdlm.processes.prompts``) is held clean, as at sampling, and never scored."""
         tokens, valid = batch["tokens"], valid_mask(batch)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         tau = 0.0  # the exact corruption is the tau -> 0 limit; logged every step, as Lightning
@@ -220,11 +223,29 @@ class UniformProcess(TokenProcess):
             per_row = (uniform_nelbo(logp, r.x_t, tokens, r.keep, r.dkeep) * valid).sum(-1)
         else:
             c = self.corrupt(tokens, t, generator)
+            prompt = prompt_of(batch)
+            if prompt is not None:  # never dropped here (check_prompts): no blank to show
+                c = hold_tokens(c, prompt, blank_id=0)
             logp = denoiser(c.x_t, c.t).logits
             per_row = self.elbo_terms(logp, c, valid)
         nats = (per_row.sum() / valid.sum().clamp_min(1)).to(logp.dtype)
         bits = nats.detach() / math.log(2)
         return LossOutput(nats, {"bits_per_token": bits, "curriculum_tau": torch.tensor(tau)})
+
+    def check_prompts(self, prompt_dropout: float) -> None:
+        """Also refuses prompt dropout (the uniform prior has no blank to show a dropped prompt
+        as) and the curriculum (its relaxed input would show the prompt noised)."""
+        super().check_prompts(prompt_dropout)
+        if prompt_dropout > 0:
+            raise ValueError(
+                "condition.prompt_dropout > 0 is not supported by process=uniform: its prior has "
+                "no blank to show a dropped prompt as"
+            )
+        if self.curriculum.share > 0:
+            raise ValueError(
+                "data.format=pairs is not supported with process.curriculum.share > 0: the "
+                "curriculum's relaxed input does not hold the prompt clean"
+            )
 
     def relax(self, tokens: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Relaxed:
         """The curriculum's relaxed corruption of ``tokens`` (B, L) at its times t (B,), with a
