@@ -67,6 +67,18 @@ def touched(spy: Spy, loss: torch.Tensor) -> torch.Tensor:
 # --- the losses ------------------------------------------------------------------------------
 
 
+def spied_loss(process, rows: int):
+    """``process.loss`` on ``rows`` copies of the batch under a ``Spy``; checks that the prompt
+    reached the network clean. Returns (spy, out, x_t, t, tokens, prompt, response)."""
+    spy = Spy((2 * rows, TOKENS.shape[1]))
+    out = process.loss(spy, batch(rows), torch.Generator().manual_seed(0))
+    z, t = spy.seen[0]
+    prompt, response = PROMPT.repeat(rows, 1), RESPONSE.repeat(rows, 1)
+    tokens = TOKENS.repeat(rows, 1)
+    assert torch.equal(z[prompt], tokens[prompt])  # held clean
+    return spy, out, z, t, tokens, prompt, response
+
+
 def test_autoregressive_scores_the_response_tokens_only():
     process = AutoregressiveProcess(vocab_size=V, bos_id=0)
     spy = Spy(TOKENS.shape)
@@ -80,13 +92,7 @@ def test_autoregressive_scores_the_response_tokens_only():
 
 def test_masked_never_masks_the_prompt_and_scores_masked_response_tokens():
     process = MaskedProcess(vocab_size=V, mask_id=MASK, eos_id=0)
-    rows = 32
-    spy = Spy((2 * rows, TOKENS.shape[1]))
-    out = process.loss(spy, batch(rows), torch.Generator().manual_seed(0))
-    z, t = spy.seen[0]
-    prompt, response = PROMPT.repeat(rows, 1), RESPONSE.repeat(rows, 1)
-    tokens = TOKENS.repeat(rows, 1)
-    assert torch.equal(z[prompt], tokens[prompt])  # held clean
+    spy, out, z, t, tokens, prompt, response = spied_loss(process, rows=32)
     masked = z == MASK
     assert masked[response].any() and not masked[prompt].any()
     weight = process.weight(t)[:, None]
@@ -100,13 +106,7 @@ def test_uniform_holds_the_prompt_clean_and_scores_every_response_token():
     """Uniform-state noise: the prompt is never resampled, and the ELBO integrand (which reads
     every position's logits, resampled or not) is summed over response tokens only."""
     process = UniformProcess(vocab_size=V)
-    rows = 16
-    spy = Spy((2 * rows, TOKENS.shape[1]))
-    out = process.loss(spy, batch(rows), torch.Generator().manual_seed(0))
-    z, t = spy.seen[0]
-    prompt, response = PROMPT.repeat(rows, 1), RESPONSE.repeat(rows, 1)
-    tokens = TOKENS.repeat(rows, 1)
-    assert torch.equal(z[prompt], tokens[prompt])  # held clean
+    spy, out, z, t, tokens, prompt, response = spied_loss(process, rows=16)
     assert (z[response] != tokens[response]).any()  # the response is noised
     keep, dkeep = process.schedule.keep(t), process.schedule.dkeep(t)
     logp = spy.logits.detach().log_softmax(-1)

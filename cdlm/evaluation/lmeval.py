@@ -82,8 +82,8 @@ class CdlmLM(LM):
         )
         self.sampler, self.steps = choice.sampler, choice.steps
         self.mc_draws, self.seed = int(mc_draws), int(seed)
-        self.draw_batch = _draw_batch(batch_size, self.mc_draws)
-        self.generate_batch = _draw_batch(batch_size, GENERATE_BATCH)
+        self.draw_batch = _per_call(batch_size, self.mc_draws)
+        self.generate_batch = _per_call(batch_size, GENERATE_BATCH)
 
     def _seed(self, context: str) -> int:
         """The request's seed: the base seed mixed with its context (not its place in a run)."""
@@ -146,10 +146,11 @@ def _device(name: str | None) -> torch.device:
     return device
 
 
-def _draw_batch(batch_size: int | str | None, draws: int) -> int:
-    """Draws per call: lm-eval's ``--batch_size`` when a number, else all of them at once."""
+def _per_call(batch_size: int | str | None, default: int) -> int:
+    """Items per call (likelihood draws, or prompts to generate from): lm-eval's
+    ``--batch_size`` when a number, else ``default``."""
     if batch_size is None or str(batch_size).startswith("auto"):
-        return draws
+        return default
     size = int(batch_size)
     if size < 1:
         raise ValueError(f"batch_size must be >= 1, got {size}")
