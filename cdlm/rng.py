@@ -70,9 +70,8 @@ class Rows:
         """``fn(shape, generator=, **kw)`` row by row (see the class), stacked to ``shape``."""
         if shape[0] != len(self):
             raise ValueError(f"a draw of {shape[0]} rows from {len(self)} row generators")
-        rows = []
+        rows, own = [], tuple(shape[1:])
         for g, n in zip(self.generators, self.lengths, strict=True):
-            own = tuple(shape[1:])
             if canvas and len(own) and own[0] == self.width and n < self.width:
                 drawn = fn((n, *own[1:]), generator=g, **kw)
                 drawn = torch.cat([drawn, drawn.new_zeros((own[0] - n, *own[1:]))])
