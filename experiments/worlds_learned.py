@@ -1,0 +1,200 @@
+"""Learned models in exact worlds (issue 39): docs/worlds_learned.md and .json from one run.
+
+    python experiments/worlds_learned.py --runs outputs/worlds_learned --out docs/worlds_learned
+    python experiments/worlds_learned.py --quick --runs /tmp/wl --out /tmp/wl      # a smoke run
+
+AR, masked, block (``experiment=block_quickstart``: its AR phase, then block size 4, in the
+same clock) and gaussian are trained on the character chain and the agreement world
+(``data=world:*``), ``--minutes`` of wall clock each, ``--jobs`` at a time on one CPU thread
+each (``parallel_runs``); the gaussian levers (self-conditioning with the posterior input,
+CANDI's hybrid corruption, a 16-wide embedding, the importance-weighted loss) on the character
+world at the same clock. Then SDTT of the masked model and progressive distillation of the
+gaussian one (students at 16, 8 and 4 steps), and the data-constrained runs (AR and masked on a
+fixed finite sample for many epochs: ``--phases crossover``, which runs as well on a GPU).
+
+Evaluation scores everything exactly (``cdlm.evaluation.world_score``), each learned row beside
+the world's own oracle of the same process under the same sampler, steps, samples and seed
+(``cdlm.model_file.oracle_model``; a gaussian oracle reads the learned model's embedding table):
+the bound against the oracle's (excess bits) and the entropy rate, the KL, TV and violation
+rates, tokens per call and tokens/s, the gaussian context gain against the exact posterior's.
+Phases (``--phases``) reuse finished runs and evaluated models; each phase's commit is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from budget import duration
+from duo import commit, run_once
+
+WORLDS = ("chars", "agreement")
+# label -> (process, overrides); the block recipe trains its AR phase inside the same clock
+MODELS: dict[str, tuple[str, list[str]]] = {
+    "autoregressive": ("autoregressive", ["experiment=quickstart", "process=autoregressive"]),
+    "block": ("block", ["experiment=block_quickstart"]),
+    "masked": ("masked", ["experiment=quickstart", "process=masked"]),
+    "gaussian": ("gaussian", ["experiment=quickstart", "process=gaussian"]),
+}
+# the gaussian levers, on the character world only (docs/levers.md)
+LEVERS: dict[str, tuple[str, list[str]]] = {
+    "gaussian+self_cond": (
+        "gaussian",
+        [*MODELS["gaussian"][1], "process.input.self_cond_prob=0.5"],
+    ),
+    "gaussian+candi": ("gaussian", ["experiment=quickstart", "recipe=candi"]),
+    "gaussian+embed16": ("gaussian", [*MODELS["gaussian"][1], "process.embed_dim=16"]),
+    "gaussian+importance": ("gaussian", [*MODELS["gaussian"][1], "process.importance_weight=true"]),
+}
+# distillation: teacher -> (module, students' sampler); rounds 32 -> 16 -> 8 -> 4 steps
+DISTIL = {"masked": "distill_sdtt", "gaussian": "distill_progressive"}
+DISTIL_START, DISTIL_END, DISTIL_STEPS = 32, 4, 150
+# the data-constrained runs: a fixed sample of this many tokens, trained for CROSS_STEPS steps
+CROSS_TOKENS, CROSS_STEPS, CROSS_EVERY = (50_000, 200_000), 2500, 50
+
+
+def trained_runs(runs: Path) -> list[tuple[str, str, str, list[str], Path]]:
+    """(world, label, process, overrides, run dir) of every trained model."""
+    out = [(w, m, p, o, runs / w / m) for w in WORLDS for m, (p, o) in MODELS.items()]
+    return out + [("chars", m, p, o, runs / "chars" / m) for m, (p, o) in LEVERS.items()]
+
+
+def train_one(job: tuple[str, list[str], Path, float]) -> dict:
+    world, overrides, run_dir, minutes = job
+    args = [
+        *overrides,
+        f"data=world:{world}",
+        f"trainer.max_time={duration(minutes * 60)}",
+        "trainer.val_check_interval=25",  # a world row reaches ~100-250 steps: a curve
+        f"hydra.run.dir={run_dir}",
+        "logger=csv",
+        "seed=0",
+        "+trainer.enable_progress_bar=false",
+    ]
+    return run_once(args, run_dir)
+
+
+def distil_one(job: tuple[str, str, Path, Path, int]) -> dict:
+    world, module, teacher, run_dir, steps = job
+    process = "masked" if module == "distill_sdtt" else "gaussian"
+    args = [
+        f"data=world:{world}",
+        f"process={process}",
+        f"module={module}",
+        f"teacher={teacher}",
+        f"module.start_steps={DISTIL_START}",
+        f"module.end_steps={DISTIL_END}",
+        f"module.round_dir={run_dir / 'rounds'}",
+        "module.round_eval.scorer=none",  # every student is scored exactly below
+        f"trainer.max_steps={steps}",
+        "lr_scheduler=warmup_cosine",
+        f"trainer.val_check_interval={max(1, steps // 3)}",
+        f"hydra.run.dir={run_dir}",
+        "logger=csv",
+        "seed=0",
+        "+trainer.enable_progress_bar=false",
+    ]
+    return run_once(args, run_dir)
+
+
+def cross_one(job: tuple[str, int, Path, int, list[str]]) -> dict:
+    """One data-constrained run: ``tokens`` tokens of the character chain, fixed, many epochs;
+    validation on the world's own fresh samples every CROSS_EVERY steps."""
+    process, tokens, run_dir, steps, extra = job
+    args = [
+        "experiment=quickstart",
+        f"process={process}",
+        "data=world:chars",
+        f"data.train_size={tokens // 128}",
+        "trainer.max_time=null",
+        f"trainer.max_steps={steps}",
+        "lr_scheduler=warmup_cosine",
+        f"trainer.val_check_interval={CROSS_EVERY}",
+        "+trainer.check_val_every_n_epoch=null",
+        f"hydra.run.dir={run_dir}",
+        "logger=csv",
+        "seed=0",
+        "+trainer.enable_progress_bar=false",
+        *extra,
+    ]
+    return run_once(args, run_dir)
+
+
+def cross_runs(runs: Path, quick: bool) -> list[tuple[str, int, Path, int, list[str]]]:
+    steps = 20 if quick else CROSS_STEPS
+    return [(p, n, runs / "crossover" / f"{p}-{n // 1000}k", steps, [])
+            for n in CROSS_TOKENS for p in ("autoregressive", "masked")]  # fmt: skip
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=Path, default=Path("outputs/worlds_learned"))
+    p.add_argument("--out", type=Path, default=Path("docs/worlds_learned"))
+    p.add_argument("--minutes", type=float, default=5.0, help="wall clock per trained model")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=64, help="samples per sampler row")
+    p.add_argument("--likelihood-sequences", type=int, default=64)
+    p.add_argument("--phases", default="train,distil,evaluate,report")
+    p.add_argument("--cross-extra", default="", help="overrides for the crossover runs (GPU)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 0.3-minute budgets")
+    p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.minutes, args.samples, args.likelihood_sequences = 0.3, 4, 4
+    return args
+
+
+def main() -> None:
+    args = parse()
+    if args.evaluate_one:  # a child of evaluate_all
+        from worlds_learned_eval import evaluate_model
+
+        rows = evaluate_model(json.loads(args.evaluate_one), args)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        return
+    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    phases, runs = args.phases.split(","), args.runs.resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    state_path = runs / "state.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {"commits": {}}
+
+    def save() -> None:
+        state_path.write_text(json.dumps(state, indent=2) + "\n")
+
+    trained = trained_runs(runs)
+    if "train" in phases:
+        state["commits"]["train"] = commit()
+        save()
+        jobs = [(w, o, d, args.minutes) for w, _, _, o, d in trained]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(train_one, jobs))
+    if "distil" in phases:
+        state["commits"]["distil"] = commit()
+        save()
+        steps = 6 if args.quick else DISTIL_STEPS
+        jobs = [("chars", module, runs / "chars" / teacher / "model.safetensors",
+                 runs / "chars" / f"{teacher}-students", steps)
+                for teacher, module in DISTIL.items()]  # fmt: skip
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(distil_one, jobs))
+    if "crossover" in phases:
+        state["commits"]["crossover"] = commit()
+        save()
+        jobs = [(*j[:4], args.cross_extra.split()) for j in cross_runs(runs, args.quick)]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(cross_one, jobs))
+    if "evaluate" in phases or "report" in phases:
+        from worlds_learned_eval import report
+
+        if "evaluate" in phases:
+            state["commits"]["evaluate"] = commit()
+            save()
+        report(args, runs, state, trained, evaluate="evaluate" in phases)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
