@@ -114,7 +114,6 @@ def cross_one(job: tuple[str, int, Path, int, list[str]]) -> dict:
         f"trainer.max_steps={steps}",
         "lr_scheduler=warmup_cosine",
         f"trainer.val_check_interval={CROSS_EVERY}",
-        "+trainer.check_val_every_n_epoch=null",
         f"hydra.run.dir={run_dir}",
         "logger=csv",
         "seed=0",
@@ -124,9 +123,10 @@ def cross_one(job: tuple[str, int, Path, int, list[str]]) -> dict:
     return run_once(args, run_dir)
 
 
-def cross_runs(runs: Path, quick: bool) -> list[tuple[str, int, Path, int, list[str]]]:
+def cross_runs(runs: Path, quick: bool) -> list[tuple[str, int, Path, int]]:
+    """(process, train tokens, run dir, optimizer steps) of each data-constrained run."""
     steps = 20 if quick else CROSS_STEPS
-    return [(p, n, runs / "crossover" / f"{p}-{n // 1000}k", steps, [])
+    return [(p, n, runs / "crossover" / f"{p}-{n // 1000}k", steps)
             for n in CROSS_TOKENS for p in ("autoregressive", "masked")]  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def main() -> None:
     if "crossover" in phases:
         state["commits"]["crossover"] = commit()
         save()
-        jobs = [(*j[:4], args.cross_extra.split()) for j in cross_runs(runs, args.quick)]
+        jobs = [(*j, args.cross_extra.split()) for j in cross_runs(runs, args.quick)]
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))
     if "evaluate" in phases or "report" in phases:
