@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 39's data-constrained runs on one CUDA GPU (docs/worlds_learned.md): AR and masked on a
-# fixed 50k- and 200k-token sample of the character world, 2,500 steps each, four at a time on
-# the one GPU. Installs cdlm after the carried wheels (.whl/, scripts/gpu_wheels.sh) as
-# scripts/gpu_check.sh does; returns each run's metrics.csv and cost record under $OUT. Run
+# fixed 50k- and 200k-token sample of the character world (AR 2,500 steps, masked 6,000),
+# JOBS at a time on the one GPU (PROCESSES: which of the two). Installs cdlm after the carried wheels (.whl/, scripts/gpu_wheels.sh) as
+# scripts/gpu_check.sh does; returns each run's metrics.csv and cost record in $OUT/curves.tgz. Run
 # from the repository root: OUT=out bash scripts/gpu_crossover.sh
 set -euo pipefail
 OUT=${OUT:-gpu_out}
@@ -21,13 +21,16 @@ nvidia-smi --query-gpu=name,memory.used --format=csv || true
 # the runs stop at SECONDS whatever happens; the curves they have written still come back
 timeout -k 10 "${SECONDS_LIMIT:-450}" $py experiments/worlds_learned.py --runs "$RUNS" \
     --phases crossover --jobs "${JOBS:-4}" \
+    --cross-processes "${PROCESSES:-autoregressive,masked}" \
     --cross-extra "trainer.accelerator=gpu trainer.devices=1 ${EXTRA:-}" >"$OUT/crossover.log" 2>&1 ||
     echo "crossover rc=$?"
 tail -n 5 "$OUT/crossover.log"
 cp "$RUNS/state.json" "$OUT/" || true
+mkdir -p /tmp/curves
 for run in "$RUNS"/crossover/*/; do
     name=$(basename "$run")
-    mkdir -p "$OUT/$name"
-    cp "$run/duo_run.json" "$OUT/$name/" 2>/dev/null || echo "$name: unfinished"
-    cp "$(find "$run" -name metrics.csv | head -n 1)" "$OUT/$name/metrics.csv" || true
+    mkdir -p "/tmp/curves/$name"
+    cp "$run/duo_run.json" "/tmp/curves/$name/" 2>/dev/null || echo "$name: unfinished"
+    cp "$(find "$run" -name metrics.csv | head -n 1)" "/tmp/curves/$name/metrics.csv" || true
 done
+tar -czf "$OUT/curves.tgz" -C /tmp/curves .  # one file: the device returns few
