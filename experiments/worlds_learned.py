@@ -126,10 +126,10 @@ def cross_one(job: tuple[str, int, Path, int, list[str]]) -> dict:
     return run_once(args, run_dir)
 
 
-def cross_runs(runs: Path, quick: bool) -> list[tuple[str, int, Path, int]]:
+def cross_runs(runs: Path, quick: bool, steps: int | None) -> list[tuple[str, int, Path, int]]:
     """(process, train tokens, run dir, optimizer steps) of each data-constrained run."""
-    return [(p, n, runs / "crossover" / f"{p}-{n // 1000}k", 20 if quick else steps)
-            for n in CROSS_TOKENS for p, steps in CROSS_STEPS.items()]  # fmt: skip
+    return [(p, n, runs / "crossover" / f"{p}-{n // 1000}k", 20 if quick else steps or default)
+            for n in CROSS_TOKENS for p, default in CROSS_STEPS.items()]  # fmt: skip
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,6 +143,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default="train,distil,evaluate,report")
     p.add_argument("--cross-extra", default="", help="overrides for the crossover runs (GPU)")
     p.add_argument("--cross-processes", default="autoregressive,masked")
+    p.add_argument("--cross-steps", type=int, help="every crossover run's steps (else CROSS_STEPS)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 0.3-minute budgets")
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -187,7 +188,7 @@ def main() -> None:
     if "crossover" in phases:
         state["commits"]["crossover"] = commit()
         save()
-        jobs = [(*j, args.cross_extra.split()) for j in cross_runs(runs, args.quick)
+        jobs = [(*j, args.cross_extra.split()) for j in cross_runs(runs, args.quick, args.cross_steps)
                 if j[0] in args.cross_processes.split(",")]  # fmt: skip
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))

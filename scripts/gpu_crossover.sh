@@ -21,12 +21,12 @@ nvidia-smi --query-gpu=name,memory.used --format=csv || true
 # the runs stop at SECONDS whatever happens; the curves they have written still come back
 timeout -k 10 "${SECONDS_LIMIT:-450}" $py experiments/worlds_learned.py --runs "$RUNS" \
     --phases crossover --jobs "${JOBS:-4}" \
-    --cross-processes "${PROCESSES:-autoregressive,masked}" \
+    --cross-processes "${PROCESSES:-autoregressive,masked}" ${STEPS:+--cross-steps "$STEPS"} \
     --cross-extra "trainer.accelerator=gpu trainer.devices=1 ${EXTRA:-}" >"$OUT/crossover.log" 2>&1 ||
     echo "crossover rc=$?"
 tail -n 5 "$OUT/crossover.log"
 cp "$RUNS/state.json" "$OUT/" || true
-mkdir -p /tmp/curves
+rm -rf /tmp/curves && mkdir -p /tmp/curves
 for run in "$RUNS"/crossover/*/; do
     name=$(basename "$run")
     mkdir -p "/tmp/curves/$name"
