@@ -142,6 +142,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--likelihood-sequences", type=int, default=64)
     p.add_argument("--phases", default="train,distil,evaluate,report")
     p.add_argument("--cross-extra", default="", help="overrides for the crossover runs (GPU)")
+    p.add_argument(
+        "--crossover",
+        nargs="*",
+        help="folders of data-constrained runs to report "
+        "(one folder per run, as scripts/gpu_crossover.sh returns them)",
+    )
     p.add_argument("--cross-processes", default="autoregressive,masked")
     p.add_argument("--cross-steps", type=int, help="every crossover run's steps (else CROSS_STEPS)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 0.3-minute budgets")
@@ -193,7 +199,7 @@ def main() -> None:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))
     if "evaluate" in phases or "report" in phases:
-        from worlds_learned_eval import report
+        from worlds_learned_report import report
 
         if "evaluate" in phases:
             state["commits"]["evaluate"] = commit()

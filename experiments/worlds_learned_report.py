@@ -1,0 +1,123 @@
+"""docs/worlds_learned.{md,json,png} from experiments/worlds_learned.py's runs: the tables, the
+validation curves, the data-constrained curves and every goal of issue 39, said plainly."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+from duo import fmt, with_prose
+from worlds_learned_eval import evaluate_all, specs_of
+
+from cdlm.io import atomic_path, atomic_write_text
+
+SCRIPT = "experiments/worlds_learned.py"
+END = "<!-- end measured -->"
+GOAL_EXCESS = {"autoregressive": 0.05, "masked": 0.10, "block": 0.10, "gaussian": 0.20}
+
+
+def val_nll(spec: str) -> float:
+    """The world's exact NLL (bits/token) of the validation set every run of it scores."""
+    from cdlm import worlds
+    from cdlm.worlds.data import draw
+
+    world = worlds.load(spec)
+    val = draw(world, 256, world.length, "val", spec)
+    return float(-world.log_prob(val).mean()) / world.length / math.log(2)
+
+
+def curve(run_dir: Path, nll: float) -> list[tuple[int, float]]:
+    """(optimizer step, val bound minus the val set's exact NLL) at every validation."""
+    found = sorted(run_dir.rglob("metrics.csv"))
+    if not found:
+        return []
+    rows = [r for r in csv.DictReader(found[0].open()) if r.get("val/bits_per_token")]
+    return [(int(r["step"]) + 1, float(r["val/bits_per_token"]) - nll) for r in rows]
+
+
+def crossover(folder: Path, nll: float) -> list[dict]:
+    """The data-constrained runs' curves (``--crossover``: one folder per run), in epochs."""
+    out = []
+    for run in sorted(p for p in folder.glob("*") if p.is_dir()):
+        record = (
+            json.loads((run / "duo_run.json").read_text())
+            if (run / "duo_run.json").is_file()
+            else {}
+        )
+        process, size = run.name.rsplit("-", 1)
+        tokens = int(size.removesuffix("k")) * 1000
+        points = curve(run, nll)
+        if not points:
+            continue
+        sequences = tokens // 128
+        epochs = [(s * 32 / sequences, e) for s, e in points]  # batch 32
+        best = min(epochs, key=lambda p: p[1])
+        out.append({"process": process, "recipe": folder.name, "train_tokens": tokens,
+                    "train_sequences": sequences, "steps": points[-1][0], "epochs": epochs[-1][0],
+                    "best_excess_bits": best[1], "best_at_epochs": best[0], "curve": epochs,
+                    "args": record.get("args"), "wall_seconds": record.get("wall_seconds")})  # fmt: skip
+    return out
+
+
+def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for label, points in curves.items():
+        if points:
+            x, y = zip(*points, strict=True)
+            ax.plot(x, y, marker=".", label=label)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel=xlabel, ylabel="val bound - exact NLL (bits/token)", yscale="symlog", title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+
+
+def report(args: argparse.Namespace, runs: Path, state: dict, trained, evaluate: bool) -> None:
+    from worlds_learned_goals import goals, markdown
+
+    specs = specs_of(runs, trained, args)
+    if evaluate:
+        rows = evaluate_all(specs, args, runs)
+    else:
+        done = [runs / "evaluated" / f"{s['name']}.json" for s in specs]
+        rows = [r for p in done if p.is_file() for r in json.loads(p.read_text())]
+    nll = {w: val_nll(f"world:{w}") for w in ("chars", "agreement")}
+    curves = {f"{w}/{label}": curve(d, nll[w]) for w, label, _, _, d in trained}
+    cross = []
+    for folder in args.crossover or []:
+        cross += crossover(Path(folder), nll["chars"])
+    report = {
+        "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
+        "commits": state["commits"],
+        "minutes": args.minutes,
+        "jobs": args.jobs,
+        "samples": args.samples,
+        "likelihood_sequences": args.likelihood_sequences,
+        "val_exact_nll_bits": nll,
+        "rows": rows,
+        "curves": curves,
+        "crossover": cross,
+    }
+    report["goals"] = goals(report)
+    out = args.out
+    plot(curves, out.with_suffix(".png"), "optimizer step",
+         f"validation bound against the truth, {args.minutes:g} min per model")  # fmt: skip
+    if cross:
+        plot({f"{c['recipe']} {c['process']} {c['train_tokens'] // 1000}k": c["curve"] for c in cross},
+             out.with_name(out.name + "_crossover.png"), "epochs over the fixed sample",
+             "data-constrained: a fixed sample of the character world")  # fmt: skip
+    atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
+    md = out.with_suffix(".md")
+    atomic_write_text(md, with_prose(md, markdown(report, fmt), SCRIPT))
+    print(markdown(report, fmt))
