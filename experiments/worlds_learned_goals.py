@@ -177,11 +177,11 @@ def markdown(report: dict, fmt) -> str:
                      f"{m['oracle_bits_per_token']:.3f} | {m['excess_bits']:.3f} | "
                      f"{m['bound_minus_entropy_rate']:.3f} | {m['oracle_minus_entropy_rate']:.3f} |")  # fmt: skip
     lines += ["", "### Gaussian context gain against the exact posterior's (same embedding table)", "",
-              "| world | model | t = 0.5 | 0.7 | 0.8 | 0.9 |", "|---|---|---|---|---|---|"]  # fmt: skip
+              "| world | model | t = 0.5 | 0.7 | 0.8 | 0.9 | 0.95 | 0.99 |", "|---|" * 8]  # fmt: skip
     for m in models(rows):
         if "context_gain" in m:
             cells = [f"{m[f'context_gain_t{t:g}']:.3f} / {m[f'oracle_context_gain_t{t:g}']:.3f}"
-                     for t in (0.5, 0.7, 0.8, 0.9)]  # fmt: skip
+                     for t in (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)]  # fmt: skip
             lines.append(f"| {m['world']} | {m['model']} | " + " | ".join(cells) + " |")
     lines += ["", "### Error split: each sampler on the learned model and on the oracle", "",
               "| world | model | role | sampler | steps | tokens/call | KL rate | oracle KL rate | model's share "
