@@ -112,9 +112,13 @@ def test_impossible_samples_are_violations(chars):
     scores = score_samples(chars, broken, floor_repeats=2)
     assert scores["violation_rate"] == scores["constraint_rate"] == 0.5
     assert scores["kl_rate"] == math.inf and 0 < scores["tv_rate"] < 1
+    alone = score_samples(chars, tokens[4:], floor_repeats=2)  # the possible half on its own
+    assert scores["kl_rate_possible"] == alone["kl_rate"] == alone["kl_rate_possible"]
+    assert scores["tv_rate_possible"] == alone["tv_rate"] < scores["tv_rate"]
     possible = -chars.log_prob(tokens[4:]).mean() / LENGTH / math.log(2)
     assert scores["nll_truth"] == pytest.approx(float(possible))
-    assert math.isnan(score_samples(chars, broken[:4], floor_repeats=2)["nll_truth"])
+    impossible = score_samples(chars, broken[:4], floor_repeats=2)
+    assert math.isnan(impossible["nll_truth"]) and math.isnan(impossible["kl_rate_possible"])
 
 
 def test_a_broken_agreement_is_a_violation_and_a_broken_constraint():

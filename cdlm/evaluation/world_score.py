@@ -108,6 +108,9 @@ def score_samples(
             the mean over ``floor_repeats`` sets of N exact samples of length L, and the floor's
             standard error. Over all samples: +inf once a pair the world never makes occurs.
         tv_rate, tv_floor, tv_floor_se: the transition TV rate, unitless in [0, 1], likewise.
+        kl_rate_possible, tv_rate_possible: the two rates over the samples the world can make
+            (NaN if none): a learned model's rare impossible pair makes ``kl_rate`` infinite,
+            which says nothing of the rest; ``violation_rate`` counts the impossible apart.
         violation_rate: the share of samples with probability 0.
         constraint_rate: the mean share of the world's constraints a sample breaks
             (``World.constraint_rate``; for a world without others, the violation rate).
@@ -124,9 +127,11 @@ def score_samples(
     n, length = tokens.shape
     reference = world.transition_reference(length) if reference is None else reference
     log_p = world.log_prob(tokens)
-    nll = -log_p[torch.isfinite(log_p)] / length / LN2
+    finite = torch.isfinite(log_p)
+    nll = -log_p[finite] / length / LN2
     nll_truth, nll_se = _mean_se(nll.tolist()) if nll.numel() else (math.nan, math.nan)
     rates = transition_rates(tokens, reference)
+    possible = transition_rates(tokens[finite], reference) if finite.any() else None
     floors = [
         transition_rates(world.sample(n, length, generator=generator), reference)
         for _ in range(floor_repeats)
@@ -146,6 +151,8 @@ def score_samples(
         "tv_rate": rates.tv,
         "tv_floor": tv_floor,
         "tv_floor_se": tv_floor_se,
+        "kl_rate_possible": possible.kl / LN2 if possible else math.nan,
+        "tv_rate_possible": possible.tv if possible else math.nan,
         "violation_rate": float(torch.isinf(log_p).double().mean()),
         "constraint_rate": float(world.constraint_rate(tokens).mean()),
         "distinct_2": distinct_n(rows, 2),
