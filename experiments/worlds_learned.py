@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +51,9 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
     "gaussian+embed16": ("gaussian", [*MODELS["gaussian"][1], "process.embed_dim=16"]),
     "gaussian+importance": ("gaussian", [*MODELS["gaussian"][1], "process.importance_weight=true"]),
 }
+# the Austen quickstart before and after the chosen lever, trained together (parallel_runs 2)
+AUSTEN = {"gaussian": MODELS["gaussian"][1], "gaussian+self_cond": LEVERS["gaussian+self_cond"][1]}
+AUSTEN_MINUTES = 10.0
 # distillation: teacher -> (module, students' sampler); rounds 32 -> 16 -> 8 -> 4 steps
 DISTIL = {"masked": "distill_sdtt", "gaussian": "distill_progressive"}
 DISTIL_START, DISTIL_END, DISTIL_STEPS = 32, 4, 150
@@ -132,6 +136,37 @@ def cross_runs(runs: Path, quick: bool, steps: int | None) -> list[tuple[str, in
             for n in CROSS_TOKENS for p, default in CROSS_STEPS.items()]  # fmt: skip
 
 
+def austen_one(job: tuple[str, Path, float]) -> dict:
+    """One Austen quickstart run, then its samples scored as docs/duo.md scores them (gen-PPL
+    under SmolLM2-135M beside entropy, a temperature frontier at 8 steps)."""
+    label, run_dir, minutes = job
+    args = [
+        *AUSTEN[label],
+        f"trainer.max_time={duration(minutes * 60)}",
+        "trainer.val_check_interval=25",
+        f"hydra.run.dir={run_dir}",
+        "logger=csv",
+        "seed=0",
+        "+trainer.enable_progress_bar=false",
+    ]
+    return run_once(args, run_dir)
+
+
+def austen_scores(run_dir: Path, label: str, jobs: int) -> list[dict]:
+    """The scored rows of one Austen run (``experiments/duo.py --evaluate-one``), cached."""
+    from budget import last_step
+
+    path = run_dir / "scored.json"
+    if not path.is_file():
+        row = {"corpus": "austen", "recipe": label, "role": "trained",
+               "train_steps": last_step(run_dir), "parallel_runs": jobs}  # fmt: skip
+        spec = {"name": f"austen-{label}", "ckpt": str(run_dir / "model.safetensors"), "row": row}
+        script = Path(__file__).with_name("duo.py")
+        cmd = [sys.executable, str(script), "--evaluate-one", json.dumps(spec), "--out", str(path)]
+        subprocess.run(cmd + ["--num-samples", "16", "--likelihood-sequences", "64"], check=True)
+    return json.loads(path.read_text())
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=Path, default=Path("outputs/worlds_learned"))
@@ -198,6 +233,14 @@ def main() -> None:
                 if j[0] in args.cross_processes.split(",")]  # fmt: skip
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))
+    austen = [(label, runs / "austen" / label, AUSTEN_MINUTES) for label in AUSTEN]
+    if "austen" in phases:
+        state["commits"]["austen"] = commit()
+        save()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(austen_one, austen))
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda job: austen_scores(job[1], job[0], 2), austen))
     if "evaluate" in phases or "report" in phases:
         from worlds_learned_report import report
 
