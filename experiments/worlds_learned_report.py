@@ -63,6 +63,40 @@ def crossover(folder: Path, nll: float) -> list[dict]:
     return out
 
 
+def paired_se(a: list[float], b: list[float]) -> float:
+    """The standard error of the mean of a - b over paired draws."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    mean = sum(d) / len(d)
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
+def settled(folder: Path, draws: int = 16) -> list[dict]:
+    """For each crossover run that kept its model: the bound at ``draws`` draws on the
+    validation set beside the masked oracle's at the same seeds (the paired difference is the
+    model's excess without most of the estimator's noise)."""
+    from cdlm import worlds
+    from cdlm.evaluation.bound import val_bits_per_token
+    from cdlm.model_file import load_model, oracle_model
+    from cdlm.worlds.data import draw
+
+    out = []
+    for ckpt in sorted(folder.glob("*/model.safetensors")):
+        model = load_model(ckpt)
+        world = worlds.load(model.config["world"])
+        oracle = oracle_model(world, model.config["process"])
+        val = draw(world, 256, world.length, "val", model.config["world"])
+        nll = float(-world.log_prob(val).mean()) / world.length / math.log(2)
+        mine, theirs = (val_bits_per_token(m, val, 0, draws=draws) for m in (model, oracle))
+        out.append({"run": ckpt.parent.name, "recipe": folder.name, "draws": draws,
+                    "bound_minus_nll": mine["bits_per_token"] - nll,
+                    "bound_se": mine.get("std_error"),
+                    "oracle_bound_minus_nll": theirs["bits_per_token"] - nll,
+                    "oracle_bound_se": theirs.get("std_error"),
+                    "excess_over_oracle": mine["bits_per_token"] - theirs["bits_per_token"],
+                    "excess_se": paired_se(mine["per_draw"], theirs["per_draw"])})  # fmt: skip
+    return out
+
+
 def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, title: str) -> None:
     import matplotlib
 
@@ -94,9 +128,15 @@ def report(args: argparse.Namespace, runs: Path, state: dict, trained, evaluate:
         rows = [r for p in done if p.is_file() for r in json.loads(p.read_text())]
     nll = {w: val_nll(f"world:{w}") for w in ("chars", "agreement")}
     curves = {f"{w}/{label}": curve(d, nll[w]) for w, label, _, _, d in trained}
-    cross = []
+    cross, checks = [], []
     for folder in args.crossover or []:
         cross += crossover(Path(folder), nll["chars"])
+        checks += settled(Path(folder))
+    austen = [
+        r
+        for p in sorted((runs / "austen").glob("*/scored.json"))
+        for r in json.loads(p.read_text())
+    ]
     report = {
         "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
         "commits": state["commits"],
@@ -108,6 +148,8 @@ def report(args: argparse.Namespace, runs: Path, state: dict, trained, evaluate:
         "rows": rows,
         "curves": curves,
         "crossover": cross,
+        "crossover_bounds": checks,
+        "austen": austen,
     }
     report["goals"] = goals(report)
     out = args.out
