@@ -184,6 +184,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(one folder per run, as scripts/gpu_crossover.sh returns them)",
     )
     p.add_argument("--cross-processes", default="autoregressive,masked")
+    p.add_argument("--cross-tokens", help="only these sample sizes, e.g. 50000")
     p.add_argument("--cross-steps", type=int, help="every crossover run's steps (else CROSS_STEPS)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 0.3-minute budgets")
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
@@ -201,7 +202,9 @@ def main() -> None:
         rows = evaluate_model(json.loads(args.evaluate_one), args)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
         return
-    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # one thread a run unless told otherwise
+        os.environ.setdefault(key, "1")
+    os.environ["WANDB_MODE"] = "disabled"
     phases, runs = args.phases.split(","), args.runs.resolve()
     runs.mkdir(parents=True, exist_ok=True)
     state_path = runs / "state.json"
@@ -230,7 +233,8 @@ def main() -> None:
         state["commits"]["crossover"] = commit()
         save()
         jobs = [(*j, args.cross_extra.split()) for j in cross_runs(runs, args.quick, args.cross_steps)
-                if j[0] in args.cross_processes.split(",")]  # fmt: skip
+                if j[0] in args.cross_processes.split(",")
+                and str(j[1]) in (args.cross_tokens or str(j[1])).split(",")]  # fmt: skip
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))
     austen = [(label, runs / "austen" / label, AUSTEN_MINUTES) for label in AUSTEN]
