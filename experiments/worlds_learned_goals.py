@@ -169,6 +169,12 @@ def crossover_goals(cross: list[dict]) -> list[str]:
     return out
 
 
+def section(title: str, header: list[str], cells: list[list]) -> list[str]:
+    """A markdown table under its heading."""
+    lines = ["", f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
+
+
 def markdown(report: dict, fmt) -> str:
     """The measured section of docs/worlds_learned.md."""
     rows = report["rows"]
@@ -177,66 +183,67 @@ def markdown(report: dict, fmt) -> str:
                  f"model, {report['jobs']} runs at a time on one CPU thread each (`parallel_runs`); "
                  f"{report['samples']} samples of 128 tokens per sampler row, seed 0; bounds on "
                  f"{report['likelihood_sequences']} exact sequences.")  # fmt: skip
-    lines += ["", "### Trained models: bound against the oracle's and the truth (bits/token)", "",
-              "| world | model | train steps | bound | oracle bound | excess bits | bound - entropy rate "
-              "| oracle - entropy rate |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for m in models(rows):
-        lines.append(f"| {m['world']} | {m['model']} | {m['train_steps']} | {m['bits_per_token']:.3f} | "
-                     f"{m['oracle_bits_per_token']:.3f} | {m['excess_bits']:.3f} | "
-                     f"{m['bound_minus_entropy_rate']:.3f} | {m['oracle_minus_entropy_rate']:.3f} |")  # fmt: skip
-    lines += ["", "### Gaussian context gain against the exact posterior's (same embedding table)", "",
-              "| world | model | t = 0.5 | 0.7 | 0.8 | 0.9 | 0.95 | 0.99 |", "|---|" * 8]  # fmt: skip
-    for m in models(rows):
-        if "context_gain" in m:
-            cells = [f"{m[f'context_gain_t{t:g}']:.3f} / {m[f'oracle_context_gain_t{t:g}']:.3f}"
-                     for t in (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)]  # fmt: skip
-            lines.append(f"| {m['world']} | {m['model']} | " + " | ".join(cells) + " |")
-    lines += ["", "### Error split: each sampler on the learned model and on the oracle", "",
-              "| world | model | role | sampler | steps | tokens/call | KL rate | oracle KL rate | model's share "
-              "| KL floor | TV rate | oracle TV | violations | oracle violations |",
-              "|" + "---|" * 14]  # fmt: skip
-    for r in rows:
-        if "kind" in r or "kl_rate" not in r:
-            continue
-        lines.append("| " + " | ".join(str(c) for c in (
-            r["world"], r["model"], r["role"], r["sampler"], r["steps"], fmt(r["tokens_per_call"], 2),
-            fmt4(r["kl_rate"]), fmt4(r["oracle_kl_rate"]), fmt(r["model_kl_share"], 4),
-            fmt(r["kl_floor"], 4), fmt(r["tv_rate"], 3), fmt(r["oracle_tv_rate"], 3),
-            fmt(r["violation_rate"], 3), fmt(r["oracle_violation_rate"], 3))) + " |")  # fmt: skip
-    lines += [
-        "",
-        "### Speed on this CPU (one thread; tokens/s min / median / max of 3)",
-        "",
-        "| world | model | sampler | steps | batch | tokens/s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if r.get("kind") == "speed":
-            lines.append(f"| {r['world']} | {r['model']} | {r['sampler']} | {r['steps']} | {r['batch']} | "
-                         f"{r['tokens_per_s_min']:.0f} / {r['tokens_per_s_median']:.0f} / "
-                         f"{r['tokens_per_s_max']:.0f} |")  # fmt: skip
+    lines += section(
+        "Trained models: bound against the oracle's and the truth (bits/token)",
+        ["world", "model", "train steps", "bound", "oracle bound", "excess bits",
+         "bound - entropy rate", "oracle - entropy rate"],
+        [[m["world"], m["model"], m["train_steps"], f"{m['bits_per_token']:.3f}",
+          f"{m['oracle_bits_per_token']:.3f}", f"{m['excess_bits']:.3f}",
+          f"{m['bound_minus_entropy_rate']:.3f}", f"{m['oracle_minus_entropy_rate']:.3f}"]
+         for m in models(rows)],
+    )  # fmt: skip
+    times = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+    lines += section(
+        "Gaussian context gain, model / exact posterior on the model's embedding table",
+        ["world", "model", *(f"t = {t:g}" for t in times)],
+        [[m["world"], m["model"], *(f"{m[f'context_gain_t{t:g}']:.3f} / "
+          f"{m[f'oracle_context_gain_t{t:g}']:.3f}" for t in times)]
+         for m in models(rows) if "context_gain" in m],
+    )  # fmt: skip
+    lines += section(
+        "Error split: each sampler on the learned model and on the oracle",
+        ["world", "model", "role", "sampler", "steps", "tokens/call", "KL rate", "oracle KL rate",
+         "model's share", "KL floor", "TV rate", "oracle TV", "violations", "oracle violations"],
+        [[r["world"], r["model"], r["role"], r["sampler"], r["steps"], fmt(r["tokens_per_call"], 2),
+          fmt4(r["kl_rate"]), fmt4(r["oracle_kl_rate"]), fmt(r["model_kl_share"], 4),
+          fmt(r["kl_floor"], 4), fmt(r["tv_rate"], 3), fmt(r["oracle_tv_rate"], 3),
+          fmt(r["violation_rate"], 3), fmt(r["oracle_violation_rate"], 3)]
+         for r in rows if "kind" not in r and "kl_rate" in r],
+    )  # fmt: skip
+    lines += section(
+        "Speed on this CPU (one thread; tokens/s min / median / max of 3)",
+        ["world", "model", "sampler", "steps", "batch", "tokens/s"],
+        [[r["world"], r["model"], r["sampler"], r["steps"], r["batch"],
+          f"{r['tokens_per_s_min']:.0f} / {r['tokens_per_s_median']:.0f} / {r['tokens_per_s_max']:.0f}"]
+         for r in rows if r.get("kind") == "speed"],
+    )  # fmt: skip
     if report["crossover"]:
-        lines += ["", "### Data-constrained: a fixed sample of the character world", "",
-                  "| recipe | process | train tokens | steps | epochs | best excess (bits) | at epochs "
-                  "| excess at the end |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for c in report["crossover"]:
-            lines.append(f"| {c['recipe']} | {c['process']} | {c['train_tokens']} | {c['steps']} | "
-                         f"{c['epochs']:.0f} | {c['best_excess_bits']:+.4f} | {c['best_at_epochs']:.0f} | "
-                         f"{c['curve'][-1][1]:+.4f} |")  # fmt: skip
-    if report.get("austen"):
-        lines += ["", "### The Austen quickstart, gaussian default and lever (gen-PPL under SmolLM2-135M)", "",
-                  "| recipe | train steps | val bound (bits) | sampler | steps | T | gen-PPL | entropy |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in report["austen"]:
-            lines.append(f"| {r['recipe']} | {r['train_steps']} | {r['bits_per_token']:.3f} | {r['sampler']} | "
-                         f"{r['steps']} | {r['temperature']:g} | {fmt(r['gen_ppl'], 0)} | {fmt(r['entropy'], 2)} |")  # fmt: skip
+        lines += section(
+            "Data-constrained: a fixed sample of the character world",
+            ["recipe", "process", "train tokens", "steps", "epochs", "best excess (bits)",
+             "at epochs", "excess at the end"],
+            [[c["recipe"], c["process"], c["train_tokens"], c["steps"], f"{c['epochs']:.0f}",
+              f"{c['best_excess_bits']:+.4f}", f"{c['best_at_epochs']:.0f}", f"{c['curve'][-1][1]:+.4f}"]
+             for c in report["crossover"]],
+        )  # fmt: skip
     if report.get("crossover_bounds"):
-        lines += ["", "### Data-constrained runs with their model kept: the bound at many draws", "",
-                  "| recipe | run | draws | bound - exact NLL | oracle bound - exact NLL | bound - oracle bound |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for c in report["crossover_bounds"]:
-            lines.append(f"| {c['recipe']} | {c['run']} | {c['draws']} | {c['bound_minus_nll']:+.4f} +- "
-                         f"{fmt(c['bound_se'], 4)} | {c['oracle_bound_minus_nll']:+.4f} +- "
-                         f"{fmt(c['oracle_bound_se'], 4)} | {c['excess_over_oracle']:+.4f} +- {c['excess_se']:.4f} |")  # fmt: skip
+        lines += section(
+            "Data-constrained runs with their model kept: the bound at many draws (± SE)",
+            ["recipe", "run", "draws", "bound - exact NLL", "oracle bound - exact NLL",
+             "bound - oracle bound"],
+            [[c["recipe"], c["run"], c["draws"],
+              f"{c['bound_minus_nll']:+.4f} ± {fmt(c['bound_se'], 4)}",
+              f"{c['oracle_bound_minus_nll']:+.4f} ± {fmt(c['oracle_bound_se'], 4)}",
+              f"{c['excess_over_oracle']:+.4f} ± {c['excess_se']:.4f}"]
+             for c in report["crossover_bounds"]],
+        )  # fmt: skip
+    if report.get("austen"):
+        lines += section(
+            "The Austen quickstart: the gaussian default and the lever (gen-PPL under SmolLM2-135M)",
+            ["recipe", "train steps", "val bound (bits)", "sampler", "steps", "T", "gen-PPL", "entropy"],
+            [[r["recipe"], r["train_steps"], f"{r['bits_per_token']:.3f}", r["sampler"], r["steps"],
+              f"{r['temperature']:g}", fmt(r["gen_ppl"], 0), fmt(r["entropy"], 2)]
+             for r in report["austen"]],
+        )  # fmt: skip
     lines += ["", "### Goals", ""] + [f"- {g}" for g in report["goals"]]
     return "\n".join(lines) + "\n<!-- end measured -->\n"
