@@ -52,6 +52,13 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
     "gaussian+importance": ("gaussian", [*MODELS["gaussian"][1], "process.importance_weight=true"]),
 }
 # the Austen quickstart before and after the chosen lever, trained together (parallel_runs 2)
+# checks on the character world: a second seed of the default and of the best-sampling lever,
+# and masked diffusion without its AR phase (the data-constrained runs learn faster without it)
+CHECKS: dict[str, tuple[str, list[str]]] = {
+    "gaussian@seed1": ("gaussian", [*MODELS["gaussian"][1], "seed=1"]),
+    "gaussian+self_cond@seed1": ("gaussian", [*LEVERS["gaussian+self_cond"][1], "seed=1"]),
+    "masked+no_ar_phase": ("masked", [*MODELS["masked"][1], "phases=none"]),
+}
 AUSTEN = {"gaussian": MODELS["gaussian"][1], "gaussian+self_cond": LEVERS["gaussian+self_cond"][1]}
 AUSTEN_MINUTES = 10.0
 # distillation: teacher -> (module, students' sampler); rounds 32 -> 16 -> 8 -> 4 steps
@@ -67,11 +74,13 @@ CROSS_STEPS = {"autoregressive": 2500, "masked": 6000}
 def trained_runs(runs: Path) -> list[tuple[str, str, str, list[str], Path]]:
     """(world, label, process, overrides, run dir) of every trained model."""
     out = [(w, m, p, o, runs / w / m) for w in WORLDS for m, (p, o) in MODELS.items()]
-    return out + [("chars", m, p, o, runs / "chars" / m) for m, (p, o) in LEVERS.items()]
+    extra = LEVERS | CHECKS
+    return out + [("chars", m, p, o, runs / "chars" / m) for m, (p, o) in extra.items()]
 
 
 def train_one(job: tuple[str, list[str], Path, float]) -> dict:
     world, overrides, run_dir, minutes = job
+    seeded = any(o.startswith("seed=") for o in overrides)
     args = [
         *overrides,
         f"data=world:{world}",
@@ -79,7 +88,7 @@ def train_one(job: tuple[str, list[str], Path, float]) -> dict:
         "trainer.val_check_interval=25",  # a world row reaches ~100-250 steps: a curve
         f"hydra.run.dir={run_dir}",
         "logger=csv",
-        "seed=0",
+        *([] if seeded else ["seed=0"]),
         "+trainer.enable_progress_bar=false",
     ]
     return run_once(args, run_dir)
