@@ -219,19 +219,21 @@ def main() -> None:
     state_path = runs / "state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {"commits": {}}
 
-    def save() -> None:
+    def record(phase: str) -> None:
+        """The commit of this run of ``phase`` beside earlier ones (runs are reused)."""
+        seen = state["commits"].get(phase, [])
+        seen = [seen] if isinstance(seen, str) else seen
+        state["commits"][phase] = seen + [c for c in [commit()] if c not in seen]
         state_path.write_text(json.dumps(state, indent=2) + "\n")
 
     trained = trained_runs(runs)
     if "train" in phases:
-        state["commits"]["train"] = commit()
-        save()
+        record("train")
         jobs = [(w, o, d, args.minutes) for w, _, _, o, d in trained]
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(train_one, jobs))
     if "distil" in phases:
-        state["commits"]["distil"] = commit()
-        save()
+        record("distil")
         steps = 6 if args.quick else DISTIL_STEPS
         jobs = [("chars", module, runs / "chars" / teacher / "model.safetensors",
                  runs / "chars" / f"{teacher}-students", steps)
@@ -239,8 +241,7 @@ def main() -> None:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(distil_one, jobs))
     if "crossover" in phases:
-        state["commits"]["crossover"] = commit()
-        save()
+        record("crossover")
         jobs = [(*j, args.cross_extra.split()) for j in cross_runs(runs, args.quick, args.cross_steps)
                 if j[0] in args.cross_processes.split(",")
                 and str(j[1]) in (args.cross_tokens or str(j[1])).split(",")]  # fmt: skip
@@ -248,8 +249,7 @@ def main() -> None:
             list(pool.map(cross_one, jobs))
     austen = [(label, runs / "austen" / label, AUSTEN_MINUTES) for label in AUSTEN]
     if "austen" in phases:
-        state["commits"]["austen"] = commit()
-        save()
+        record("austen")
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(austen_one, austen))
         with ThreadPoolExecutor(2) as pool:
@@ -258,8 +258,7 @@ def main() -> None:
         from worlds_learned_report import report
 
         if "evaluate" in phases:
-            state["commits"]["evaluate"] = commit()
-            save()
+            record("evaluate")
         report(args, runs, state, trained, evaluate="evaluate" in phases)
 
 
