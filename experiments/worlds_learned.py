@@ -259,7 +259,7 @@ def main() -> None:
 
         if "evaluate" in phases:
             record("evaluate")
-        report(args, runs, state, trained, evaluate="evaluate" in phases)
+        report(args, runs, state, trained, "evaluate" in phases, set(CHECKS))
 
 
 if __name__ == "__main__":

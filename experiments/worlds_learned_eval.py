@@ -190,7 +190,7 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
     print(f"{spec['name']}: {found}", flush=True)
     scored = sample_rows(model, oracle, world, table, args, reference, spec.get("steps"))
     rows = [base | found | r for r in scored]
-    if not spec.get("student"):
+    if not (spec.get("student") or spec.get("unsped")):
         rows += [base | {"kind": "speed"} | r for r in speed_rows(model, world, table)]
     return rows
 
@@ -225,17 +225,17 @@ def evaluate_all(specs: list[dict], args: argparse.Namespace, runs: Path) -> lis
         return [r for rows in pool.map(one, specs) for r in rows]
 
 
-def specs_of(runs: Path, trained, args) -> list[dict]:
-    """The models to score: every trained one, the distilled students and their teachers."""
+def specs_of(runs: Path, trained, args, unsped: set[str] = frozenset()) -> list[dict]:
+    """The models to score: every trained one, the distilled students and their teachers;
+    those labelled in ``unsped`` (copies of an architecture already timed) without speed rows."""
     from budget import last_step
 
     out = []
     for world, label, _, _, run_dir in trained:
         row = {"model": label, "role": "trained", "train_steps": last_step(run_dir),
                "parallel_runs": args.jobs, "minutes": args.minutes}  # fmt: skip
-        out.append(
-            {"name": f"{world}-{label}", "ckpt": str(run_dir / "model.safetensors"), "row": row}
-        )
+        out.append({"name": f"{world}-{label}", "ckpt": str(run_dir / "model.safetensors"),
+                    "row": row, "unsped": label in unsped})  # fmt: skip
     for teacher in ("masked", "gaussian"):
         table = f"student-{teacher}"
         folder = runs / "chars" / f"{teacher}-students"

@@ -117,10 +117,12 @@ def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, 
         fig.savefig(tmp, dpi=100, format="png")
 
 
-def report(args: argparse.Namespace, runs: Path, state: dict, trained, evaluate: bool) -> None:
+def report(
+    args: argparse.Namespace, runs: Path, state: dict, trained, evaluate: bool, unsped: set[str]
+) -> None:
     from worlds_learned_goals import goals, markdown
 
-    specs = specs_of(runs, trained, args)
+    specs = specs_of(runs, trained, args, unsped)
     if evaluate:
         rows = evaluate_all(specs, args, runs)
     else:
