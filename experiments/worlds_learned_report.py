@@ -56,7 +56,7 @@ def crossover(folder: Path, nll: float) -> list[dict]:
         sequences = tokens // 128
         epochs = [(s * 32 / sequences, e) for s, e in points]  # batch 32
         best = min(epochs, key=lambda p: p[1])
-        out.append({"process": process, "recipe": folder.name, "train_tokens": tokens,
+        out.append({"world": "chars", "process": process, "recipe": folder.name, "train_tokens": tokens,
                     "train_sequences": sequences, "steps": points[-1][0], "epochs": epochs[-1][0],
                     "best_excess_bits": best[1], "best_at_epochs": best[0], "curve": epochs,
                     "args": record.get("args"), "wall_seconds": record.get("wall_seconds")})  # fmt: skip
