@@ -88,7 +88,7 @@ def goals(report: dict) -> list[str]:
                        f"{'met' if ok else 'missed'}.")  # fmt: skip
     out += speed_goals(rows)
     out += distil_goals(rows)
-    out += crossover_goals(report["crossover"])
+    out += crossover_goals(report["crossover"], report.get("crossover_bounds", []))
     return out
 
 
@@ -153,18 +153,32 @@ def distil_goals(rows: list[dict]) -> list[str]:
     return out
 
 
-def crossover_goals(cross: list[dict]) -> list[str]:
+ONE_DRAW_SD = 0.042  # the validation curve's seed-to-seed sd (masked oracle, this val set)
+
+
+def crossover_goals(cross: list[dict], settled: list[dict]) -> list[str]:
+    """Masked's best excess on a fixed sample against AR's (AR's is exact): from a curve of
+    single-draw estimates, or, where the model was kept, from its bound at many draws paired
+    with the oracle's (the settled figure)."""
     out = []
     for tokens in sorted({c["train_tokens"] for c in cross}):
         ar = [c for c in cross if c["train_tokens"] == tokens and c["process"] == "autoregressive"]
+        if not ar:
+            continue
+        a = min(ar, key=lambda c: c["best_excess_bits"])
+        said = f"AR's exact best {a['best_excess_bits']:+.4f} at {a['best_at_epochs']:.0f} epochs"
         for m in [c for c in cross if c["train_tokens"] == tokens and c["process"] == "masked"]:
-            if not ar:
-                continue
-            a = min(ar, key=lambda c: c["best_excess_bits"])
-            below = m["best_excess_bits"] < a["best_excess_bits"]
-            out.append(f"Data-constrained, {tokens // 1000}k tokens ({m['recipe']}): masked's best excess "
-                       f"{m['best_excess_bits']:+.4f} bits at {m['best_at_epochs']:.0f} epochs against AR's "
-                       f"{a['best_excess_bits']:+.4f} at {a['best_at_epochs']:.0f}: masked "
+            gap = m["best_excess_bits"] - a["best_excess_bits"]
+            verdict = ("below AR" if gap < -2 * ONE_DRAW_SD else "above AR" if gap > 2 * ONE_DRAW_SD
+                       else "within two sd of AR: not settled")  # fmt: skip
+            out.append(f"Data-constrained, {tokens // 1000}k tokens ({m['recipe']}, {m['steps']} steps): "
+                       f"masked's best single-draw estimate {m['best_excess_bits']:+.4f} bits (sd "
+                       f"{ONE_DRAW_SD}) at {m['best_at_epochs']:.0f} epochs against {said}: {verdict}.")  # fmt: skip
+        for c in [c for c in settled if c["run"].endswith(f"-{tokens // 1000}k")]:
+            below = c["excess_over_oracle"] + 2 * c["excess_se"] < a["best_excess_bits"]
+            out.append(f"Data-constrained, {tokens // 1000}k tokens, settled ({c['recipe']}): the kept "
+                       f"masked model's bound minus the oracle's at {c['draws']} paired draws "
+                       f"{c['excess_over_oracle']:+.4f} ± {c['excess_se']:.4f} against {said}: "
                        f"{'below' if below else 'not below'} AR.")  # fmt: skip
     return out
 
