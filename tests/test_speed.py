@@ -2,6 +2,7 @@
 experiments/speed.py end to end on tiny models (scorer: a uniform LM stand-in)."""
 
 import math
+import mmap
 import sys
 import time
 from types import SimpleNamespace
@@ -32,9 +33,13 @@ MASK, V = 4, 5  # ids 0..3, [MASK] = 4
 
 
 def _allocate(mb: int, seconds: float) -> None:
-    big = torch.ones(mb * 2**18)  # float32: mb MiB, every page written
-    time.sleep(seconds)
-    del big
+    """Hold mb MiB of fresh resident pages. An anonymous mapping, not a tensor: malloc may serve a
+    tensor from heap pages an earlier test freed but kept resident, and the RSS would not move."""
+    page = mmap.PAGESIZE
+    with mmap.mmap(-1, mb * 2**20) as big:
+        for offset in range(0, len(big), page):
+            big[offset] = 1  # touch every page
+        time.sleep(seconds)
 
 
 def test_a_rows_peak_memory_is_its_own():

@@ -3,7 +3,9 @@
 The process's lifetime maximum (``getrusage``'s max RSS, CUDA's peak without a reset) only grows,
 so every row measured after a big one would read big. On CUDA the allocator's peak counter is
 reset when the stretch starts; on CPU a background thread samples the resident set every few
-milliseconds, since the kernel keeps no resettable peak of its own.
+milliseconds, since the kernel keeps no resettable peak of its own. The resident set misses
+what the allocator serves from pages an earlier stretch freed but kept resident, so a CPU row can
+read below what it used; never above.
 """
 
 from __future__ import annotations
