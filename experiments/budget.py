@@ -105,8 +105,14 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def last_step(run_dir: Path) -> int:
-    steps = [int(r["step"]) for r in metrics(run_dir) if r.get("step")]
-    return max(steps) + 1 if steps else 0
+    """The optimizer steps a run finished: its model card's count (written at the end of
+    training), else its newest ``step-<n>.ckpt`` (a run cut short), else 0. Not the CSV log's
+    largest step: the end-of-training rows sit one past the last step's."""
+    card = run_dir / "config.json"
+    if card.exists():
+        return json.loads(card.read_text())["card"]["training"]["steps"]
+    found = [int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/step-*.ckpt")]
+    return max(found, default=0)
 
 
 def context_tables(ckpt: str) -> dict:

@@ -405,20 +405,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n" + END + "\n"
 
 
-def finished_steps(run_dir: Path) -> int:
-    """The optimizer steps a run finished: its last checkpoint's (``step-<n>.ckpt``), else the
-    CSV log's (``budget.last_step``, which counts the final validation's row one further)."""
-    found = [int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/step-*.ckpt")]
-    return max(found) if found else last_step(run_dir)
-
-
 def write_report(rows: list[dict], todo: list[dict], state: dict, args) -> None:
     from cdlm.io import atomic_write_text
 
     training = []
     for job in todo:
         record = json.loads((Path(job["dir"]) / "duo_run.json").read_text())
-        training.append({"set": job["set"], "name": job["name"], "steps": finished_steps(Path(job["dir"])),
+        training.append({"set": job["set"], "name": job["name"], "steps": last_step(Path(job["dir"])),
                          "wall_seconds": record["wall_seconds"], "cpu_seconds": record["cpu_seconds"],
                          "overrides": job["overrides"]})  # fmt: skip
     plan = [r for r in rows if r["set"] == "plan"]

@@ -253,11 +253,21 @@ def markdown(report: dict, fmt) -> str:
         )  # fmt: skip
     if report.get("austen"):
         lines += section(
-            "The Austen quickstart: the gaussian default and the lever (gen-PPL under SmolLM2-135M)",
-            ["recipe", "train steps", "val bound (bits)", "sampler", "steps", "T", "gen-PPL", "entropy"],
+            "The Austen quickstart, 10 minutes per model, 2 at a time: each recipe and its lever "
+            "(gen-PPL under SmolLM2-135M)",
+            ["recipe", "train steps", "val bound (bits, 1 draw)", "sampler", "steps", "T", "gen-PPL", "entropy"],
             [[r["recipe"], r["train_steps"], f"{r['bits_per_token']:.3f}", r["sampler"], r["steps"],
               f"{r['temperature']:g}", fmt(r["gen_ppl"], 0), fmt(r["entropy"], 2)]
              for r in report["austen"]],
+        )  # fmt: skip
+    if report.get("austen_bounds"):
+        lines += section(
+            "The Austen pairs' bounds at the same draws (bits/token ± SE; the difference paired)",
+            ["recipe", "lever", "draws x sequences", "recipe's bound", "lever's bound", "lever - recipe"],
+            [[b["before"], b["after"], f"{b['draws']} x {b['sequences']}",
+              f"{b['before_bits']:.3f} ± {b['before_se']:.3f}", f"{b['after_bits']:.3f} ± {b['after_se']:.3f}",
+              f"{b['difference']:+.3f} ± {b['difference_se']:.3f}"]
+             for b in report["austen_bounds"]],
         )  # fmt: skip
     lines += ["", "### Goals", ""] + [f"- {g}" for g in report["goals"]]
     return "\n".join(lines) + "\n<!-- end measured -->\n"

@@ -18,6 +18,8 @@ from cdlm.io import atomic_path, atomic_write_text
 SCRIPT = "experiments/worlds_learned.py"
 END = "<!-- end measured -->"
 GOAL_EXCESS = {"autoregressive": 0.05, "masked": 0.10, "block": 0.10, "gaussian": 0.20}
+# the Austen before/after pairs (experiments/worlds_learned.py's AUSTEN): a recipe, then its lever
+AUSTEN_PAIRS = [("gaussian", "gaussian+self_cond"), ("masked", "masked+no_ar_phase")]
 
 
 def val_nll(spec: str) -> float:
@@ -68,6 +70,21 @@ def paired_se(a: list[float], b: list[float]) -> float:
     d = [x - y for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
+def austen_bounds(bounds: dict[str, dict]) -> list[dict]:
+    """Each Austen pair (the recipe, then its lever) at the same draws: both bounds and the
+    lever's paired difference."""
+    out = []
+    for before, after in AUSTEN_PAIRS:
+        if before in bounds and after in bounds:
+            a, b = bounds[before], bounds[after]
+            out.append({"before": before, "after": after, "draws": a["draws"],
+                        "sequences": a["sequences"], "before_bits": a["bits_per_token"],
+                        "before_se": a["std_error"], "after_bits": b["bits_per_token"],
+                        "after_se": b["std_error"], "difference": b["bits_per_token"] - a["bits_per_token"],
+                        "difference_se": paired_se(b["per_draw"], a["per_draw"])})  # fmt: skip
+    return out
 
 
 def settled(folder: Path, draws: int = 16) -> list[dict]:
@@ -134,11 +151,11 @@ def report(
     for folder in args.crossover or []:
         cross += crossover(Path(folder), nll["chars"])
         checks += settled(Path(folder))
-    austen = [
-        r
-        for p in sorted((runs / "austen").glob("*/scored.json"))
-        for r in json.loads(p.read_text())
-    ]
+    austen, bounds = [], {}
+    for p in sorted((runs / "austen").glob("*/scored.json")):
+        if p.with_name("bound.json").is_file():
+            bounds[p.parent.name] = json.loads(p.with_name("bound.json").read_text())
+        austen += json.loads(p.read_text())
     report = {
         "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
         "commits": state["commits"],
@@ -152,6 +169,7 @@ def report(
         "crossover": cross,
         "crossover_bounds": checks,
         "austen": austen,
+        "austen_bounds": austen_bounds(bounds),
     }
     report["goals"] = goals(report)
     out = args.out

@@ -5,7 +5,7 @@ so every row measured after a big one would read big. On CUDA the allocator's pe
 reset when the stretch starts; on CPU a background thread samples the resident set every few
 milliseconds, since the kernel keeps no resettable peak of its own. The resident set misses
 what the allocator serves from pages an earlier stretch freed but kept resident, so a CPU row can
-read below what it used; never above.
+read below what it used.
 """
 
 from __future__ import annotations

@@ -1,0 +1,50 @@
+"""What the experiment scripts record of a training run: its CPU seconds are its own child's, even
+when another run ends beside it (launch.py; the scripts train two at a time from threads), and its
+optimizer steps are the ones it finished (budget.last_step)."""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from test_speed_table import _script
+
+launch = _script("launch", "experiments")
+budget = _script("budget", "experiments")
+BUSY = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+
+
+def test_a_runs_cpu_seconds_exclude_a_neighbour_that_ended_meanwhile():
+    with ThreadPoolExecutor(2) as pool:
+        sleeper = pool.submit(
+            launch.run, [sys.executable, "-c", "import time; time.sleep(1.5)"], os.environ
+        )
+        busy = pool.submit(launch.run, [sys.executable, "-c", BUSY], os.environ)
+        sleeper, busy = sleeper.result(), busy.result()
+    assert busy.cpu_seconds >= 0.4
+    assert sleeper.cpu_seconds < 0.3  # the interpreter's start-up only
+    assert sleeper.wall_seconds >= 1.5
+
+
+def test_a_failed_run_raises_with_its_exit_code():
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        launch.run([sys.executable, "-c", "raise SystemExit(3)"], os.environ)
+    assert failed.value.returncode == 3
+
+
+def test_a_runs_steps_are_the_ones_it_finished(tiny_ar_checkpoint):
+    """3 steps, although the end-of-training rows of its CSV log sit at step 3 (one past the
+    last step's row, 2)."""
+    run_dir = tiny_ar_checkpoint.parent
+    logged = {int(r["step"]) for r in budget.metrics(run_dir) if r["step"]}
+    assert max(logged) == 3
+    assert budget.last_step(run_dir) == 3
+
+
+def test_a_run_cut_short_counts_its_newest_checkpoint(tmp_path):
+    assert budget.last_step(tmp_path) == 0
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("step-50.ckpt", "step-100.ckpt", "last.ckpt"):
+        (tmp_path / "checkpoints" / name).touch()
+    assert budget.last_step(tmp_path) == 100
