@@ -227,20 +227,11 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
 
 def evaluate_all(specs: list[dict], args: argparse.Namespace) -> list[dict]:
     """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time."""
-    out_dir = args.runs / "evaluated"
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def one(spec: dict) -> list[dict]:
-        path = out_dir / f"{spec['name']}.json"
-        if not path.is_file():
-            cmd = [sys.executable, __file__, "--evaluate-one", json.dumps(spec), "--out", str(path)]
-            cmd += ["--num-samples", str(args.num_samples)]
-            cmd += ["--likelihood-sequences", str(args.likelihood_sequences)]
-            subprocess.run(cmd, check=True)
-        return json.loads(path.read_text())
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        return [r for rows in pool.map(one, specs) for r in rows]
+    options = ["--num-samples", str(args.num_samples)]
+    options += ["--likelihood-sequences", str(args.likelihood_sequences)]
+    return launch.evaluate_children(
+        Path(__file__), specs, args.runs / "evaluated", args.jobs, options
+    )
 
 
 def find(rows: list[dict], **match) -> list[dict]:

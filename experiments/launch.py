@@ -7,12 +7,15 @@ measurements; a failed run raises ``subprocess.CalledProcessError``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -43,3 +46,22 @@ def run(command: list[str], env: Mapping[str, str]) -> TrainingRun:
     if child.returncode:
         raise subprocess.CalledProcessError(child.returncode, command)
     return TrainingRun(wall_seconds=wall, cpu_seconds=usage.ru_utime + usage.ru_stime)
+
+
+def evaluate_children(
+    script: Path, specs: list[dict], out_dir: Path, jobs: int, options: list[str]
+) -> list[dict]:
+    """Every spec's rows, from ``script --evaluate-one SPEC --out OUT/<name>.json *options`` in a
+    child process of its own (a model's evaluation never shares torch's state with another's),
+    ``jobs`` at a time; a spec whose file exists is read, not evaluated again."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def one(spec: dict) -> list[dict]:
+        path = out_dir / f"{spec['name']}.json"
+        if not path.is_file():
+            cmd = [sys.executable, str(script), "--evaluate-one", json.dumps(spec)]
+            subprocess.run([*cmd, "--out", str(path), *options], check=True)
+        return json.loads(path.read_text())
+
+    with ThreadPoolExecutor(jobs) as pool:
+        return [row for rows in pool.map(one, specs) for row in rows]

@@ -4,15 +4,12 @@ same process (a child process of one thread per model), then the report's goals.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import launch
 import torch
 
 STEPS = (8, 16, 64)  # T = 128: 16, 8 and 2 tokens per call on a fixed grid
@@ -197,32 +194,14 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
 
 def evaluate_all(specs: list[dict], args: argparse.Namespace, runs: Path) -> list[dict]:
     """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time."""
-    out_dir = runs / "evaluated"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    options = [
+        "--samples",
+        str(args.samples),
+        "--likelihood-sequences",
+        str(args.likelihood_sequences),
+    ]
     script = Path(__file__).with_name("worlds_learned.py")
-
-    def one(spec: dict) -> list[dict]:
-        path = out_dir / f"{spec['name']}.json"
-        if not path.is_file():
-            cmd = [
-                sys.executable,
-                str(script),
-                "--evaluate-one",
-                json.dumps(spec),
-                "--out",
-                str(path),
-            ]
-            cmd += [
-                "--samples",
-                str(args.samples),
-                "--likelihood-sequences",
-                str(args.likelihood_sequences),
-            ]
-            subprocess.run(cmd, check=True)
-        return json.loads(path.read_text())
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        return [r for rows in pool.map(one, specs) for r in rows]
+    return launch.evaluate_children(script, specs, runs / "evaluated", args.jobs, options)
 
 
 def specs_of(runs: Path, trained, args, unsped: set[str] = frozenset()) -> list[dict]:

@@ -1,6 +1,7 @@
 """What the experiment scripts record of a training run: its CPU seconds are its own child's, even
 when another run ends beside it (launch.py; the scripts train two at a time from threads), and its
-optimizer steps are the ones it finished (budget.last_step)."""
+optimizer steps are the ones it finished (budget.last_step); an evaluation runs each model in a
+child process of its own, once (launch.evaluate_children)."""
 
 import os
 import subprocess
@@ -48,3 +49,27 @@ def test_a_run_cut_short_counts_its_newest_checkpoint(tmp_path):
     for name in ("step-50.ckpt", "step-100.ckpt", "last.ckpt"):
         (tmp_path / "checkpoints" / name).touch()
     assert budget.last_step(tmp_path) == 100
+
+
+CHILD = """import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument("--evaluate-one")
+p.add_argument("--out")
+p.add_argument("--scale", type=int)
+a = p.parse_args()
+spec = json.loads(a.evaluate_one)
+rows = [{"name": spec["name"], "value": spec["value"] * a.scale, "pid": os.getpid()}]
+open(a.out, "w").write(json.dumps(rows))
+"""
+
+
+def test_each_spec_is_evaluated_once_in_a_child_of_its_own(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    specs = [{"name": f"m{k}", "value": k} for k in range(3)]
+    rows = launch.evaluate_children(script, specs, tmp_path / "out", 2, ["--scale", "10"])
+    assert [(r["name"], r["value"]) for r in rows] == [("m0", 0), ("m1", 10), ("m2", 20)]
+    assert len({r["pid"] for r in rows}) == 3 and os.getpid() not in {r["pid"] for r in rows}
+    script.unlink()  # a finished spec is read back, not evaluated again
+    again = launch.evaluate_children(script, specs, tmp_path / "out", 2, ["--scale", "10"])
+    assert again == rows
