@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from duo import fmt
+
 GOAL_EXCESS = {"autoregressive": 0.05, "masked": 0.10, "block": 0.10, "gaussian": 0.20}
 BASE = ("autoregressive", "masked", "block", "gaussian")
 
@@ -84,16 +86,12 @@ def goals(report: dict) -> list[str]:
             g, m = best["gaussian"], best["masked"]
             ok = num(g["kl_rate"]) <= num(m["kl_rate"])
             out.append(f"Samples at 64 steps ({world}): best gaussian {g['sampler']} KL rate "
-                       f"{fmt4(g['kl_rate'])} against best masked {m['sampler']} {fmt4(m['kl_rate'])}: "
+                       f"{fmt(g['kl_rate'], 4)} against best masked {m['sampler']} {fmt(m['kl_rate'], 4)}: "
                        f"{'met' if ok else 'missed'}.")  # fmt: skip
     out += speed_goals(rows)
     out += distil_goals(rows)
     out += crossover_goals(report["crossover"], report.get("crossover_bounds", []))
     return out
-
-
-def fmt4(x) -> str:
-    return x if isinstance(x, str) else f"{x:.4f}"
 
 
 def speed_goals(rows: list[dict]) -> list[str]:
@@ -133,7 +131,7 @@ def speed_goals(rows: list[dict]) -> list[str]:
             s, k = best
             ratio = s["tokens_per_s_median"] / base
             out.append(f"Speed at AR's quality ({world}): {s['model']} {s['sampler']} @{s['steps']} "
-                       f"{s['tokens_per_s_median']:.0f} tokens/s at batch 1 (KL {fmt4(k['kl_rate'])} <= "
+                       f"{s['tokens_per_s_median']:.0f} tokens/s at batch 1 (KL {fmt(k['kl_rate'], 4)} <= "
                        f"{ceiling:.4f}) against AR's {base:.0f} ({ratio:.2f}x; goal >= 1.5x): "
                        f"{'met' if ratio >= 1.5 else 'missed'}.")  # fmt: skip
     return out
@@ -147,8 +145,8 @@ def distil_goals(rows: list[dict]) -> list[str]:
             if not t:
                 continue
             ok = num(s["kl_rate"]) < num(t[0]["kl_rate"])
-            out.append(f"Distillation, {teacher} @{s['steps']}: student KL rate {fmt4(s['kl_rate'])} "
-                       f"against its teacher's {fmt4(t[0]['kl_rate'])} (oracle {fmt4(s['oracle_kl_rate'])}): "
+            out.append(f"Distillation, {teacher} @{s['steps']}: student KL rate {fmt(s['kl_rate'], 4)} "
+                       f"against its teacher's {fmt(t[0]['kl_rate'], 4)} (oracle {fmt(s['oracle_kl_rate'], 4)}): "
                        f"{'below' if ok else 'not below'} the teacher.")  # fmt: skip
     return out
 
@@ -189,7 +187,7 @@ def section(title: str, header: list[str], cells: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
 
 
-def markdown(report: dict, fmt) -> str:
+def markdown(report: dict) -> str:
     """The measured section of docs/worlds_learned.md."""
     rows = report["rows"]
     lines = [f"<!-- measured: {report['command']} -->", ""]
@@ -219,7 +217,7 @@ def markdown(report: dict, fmt) -> str:
         ["world", "model", "role", "sampler", "steps", "tokens/call", "KL rate", "oracle KL rate",
          "model's share", "KL floor", "TV rate", "oracle TV", "violations", "oracle violations"],
         [[r["world"], r["model"], r["role"], r["sampler"], r["steps"], fmt(r["tokens_per_call"], 2),
-          fmt4(r["kl_rate"]), fmt4(r["oracle_kl_rate"]), fmt(r["model_kl_share"], 4),
+          fmt(r["kl_rate"], 4), fmt(r["oracle_kl_rate"], 4), fmt(r["model_kl_share"], 4),
           fmt(r["kl_floor"], 4), fmt(r["tv_rate"], 3), fmt(r["oracle_tv_rate"], 3),
           fmt(r["violation_rate"], 3), fmt(r["oracle_violation_rate"], 3)]
          for r in rows if "kind" not in r and "kl_rate" in r],

@@ -10,14 +10,13 @@ import math
 import sys
 from pathlib import Path
 
-from duo import fmt, with_prose
+from duo import with_prose
 from worlds_learned_eval import evaluate_all, specs_of
 
 from cdlm.io import atomic_path, atomic_write_text
 
 SCRIPT = "experiments/worlds_learned.py"
 END = "<!-- end measured -->"
-GOAL_EXCESS = {"autoregressive": 0.05, "masked": 0.10, "block": 0.10, "gaussian": 0.20}
 # the Austen before/after pairs (experiments/worlds_learned.py's AUSTEN): a recipe, then its lever
 AUSTEN_PAIRS = [("gaussian", "gaussian+self_cond"), ("masked", "masked+no_ar_phase")]
 
@@ -181,5 +180,5 @@ def report(
              "data-constrained: a fixed sample of the character world")  # fmt: skip
     atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     md = out.with_suffix(".md")
-    atomic_write_text(md, with_prose(md, markdown(report, fmt), SCRIPT))
-    print(markdown(report, fmt))
+    atomic_write_text(md, with_prose(md, markdown(report), SCRIPT))
+    print(markdown(report))

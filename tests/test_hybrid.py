@@ -197,3 +197,16 @@ def test_levels_given_per_token_are_taken_as_given():
     c = proc.corrupt(ids, levels, torch.Generator().manual_seed(2))
     assert torch.equal(c.t, levels) and bool(c.noisy.all())
     torch.testing.assert_close(c.x_t, proc.noised(proc.embedding(ids), levels, c.noise))
+
+
+def test_the_elbo_says_it_scores_the_pure_gaussian_process(trained, tiny_corpus, tmp_path):
+    """``cdlm-eval metric=elbo`` on a hybrid model is a bound of every token noised, not of the
+    anchored process the model trained on: its line and its record say so."""
+    out = tmp_path / "elbo.json"
+    args = (f"ckpt={trained}", "metric=elbo", f"data.path={tiny_corpus}", "batch_size=2")
+    args += ("num_batches=1", "wandb=false", f"out={out}")
+    result = run_main("cdlm-eval", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    scope = "the reverse SDE of pure Gaussian noise on every token"
+    assert f"elbo of {scope}" in result.stdout
+    assert json.loads(out.read_text())["scores"] == scope

@@ -26,7 +26,7 @@ def ode_nll(loaded: Loaded, cfg: DictConfig, **options: Any) -> Measured:
 
 def held_out(loaded: Loaded, cfg: DictConfig, bound: functools.partial) -> Measured:
     """``bound`` on ``num_batches`` batches of the held-out split of ``data``; refused for a
-    process the bound does not score (each names its processes)."""
+    process the bound does not score (each names its processes and what it is a bound of)."""
     model, name = loaded.model, bound.func.__name__
     fits = bound.func.processes
     if model.process.kind not in fits:
@@ -48,6 +48,7 @@ def held_out(loaded: Loaded, cfg: DictConfig, bound: functools.partial) -> Measu
     result = {
         "metric": name,
         "ckpt": loaded.ckpt,
+        "scores": bound.func.scores,
         **measured,
         "options": OmegaConf.to_container(cfg.metric) | {"seed": cfg.seed},
         "wall_seconds": round(time.perf_counter() - start, 3),
@@ -58,6 +59,7 @@ def held_out(loaded: Loaded, cfg: DictConfig, bound: functools.partial) -> Measu
     return Measured(
         name,
         result,
-        f"cdlm-eval: {name} on {measured['sequences']} sequences, bits/token: {terms}",
+        f"cdlm-eval: {name} of {bound.func.scores}, on {measured['sequences']} sequences, "
+        f"bits/token: {terms}",
         card=None if total is None else {"bits_per_token": total, "bound_how": how},
     )

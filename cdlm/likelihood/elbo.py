@@ -106,3 +106,6 @@ def elbo(
 
 
 elbo.processes = ("gaussian",)  # the process kinds it scores (cdlm-eval checks)
+# what it is a bound of: every token noised, so for a hybrid (CANDI) model, whose anchors stay
+# clean, not the process it trained on or samples with (sampler=hybrid has no bound here)
+elbo.scores = "the reverse SDE of pure Gaussian noise on every token"

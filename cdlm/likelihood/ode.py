@@ -141,3 +141,4 @@ def ode_nll(
 
 
 ode_nll.processes = ("gaussian",)  # the process kinds it scores (cdlm-eval checks)
+ode_nll.scores = "the probability-flow ODE of pure Gaussian noise on every token"  # see elbo
