@@ -67,8 +67,8 @@ AUSTEN = {
     "masked+no_ar_phase": CHECKS["masked+no_ar_phase"][1],
 }
 AUSTEN_MINUTES = 10.0
-# each Austen run's bound: this many draws on this many val sequences, the same seeds for every
-# run (a pair's difference is then read without most of the estimator's noise)
+# each Austen run's bound: this many draws on up to this many val sequences, the same seeds for
+# every run (a pair's difference is then read without most of the estimator's noise)
 AUSTEN_DRAWS, AUSTEN_SEQUENCES = 8, 256
 # distillation: teacher -> (module, students' sampler); rounds 32 -> 16 -> 8 -> 4 steps
 DISTIL = {"masked": "distill_sdtt", "gaussian": "distill_progressive"}
