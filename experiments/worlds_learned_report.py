@@ -136,14 +136,17 @@ def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, 
 def report(
     args: argparse.Namespace, runs: Path, state: dict, trained, evaluate: bool, unsped: set[str]
 ) -> None:
+    from budget import last_step
     from worlds_learned_goals import goals, markdown
 
     specs = specs_of(runs, trained, args, unsped)
     if evaluate:
-        rows = evaluate_all(specs, args, runs)
-    else:
-        done = [runs / "evaluated" / f"{s['name']}.json" for s in specs]
-        rows = [r for p in done if p.is_file() for r in json.loads(p.read_text())]
+        evaluate_all(specs, args, runs)
+    rows = []
+    for s in specs:  # each row with its run's steps as counted now, not as its cache has them
+        done = runs / "evaluated" / f"{s['name']}.json"
+        steps = {"train_steps": s["row"]["train_steps"]}
+        rows += [r | steps for r in json.loads(done.read_text())] if done.is_file() else []
     nll = {w: val_nll(f"world:{w}") for w in ("chars", "agreement")}
     curves = {f"{w}/{label}": curve(d, nll[w]) for w, label, _, _, d in trained}
     cross, checks = [], []
@@ -154,7 +157,7 @@ def report(
     for p in sorted((runs / "austen").glob("*/scored.json")):
         if p.with_name("bound.json").is_file():
             bounds[p.parent.name] = json.loads(p.with_name("bound.json").read_text())
-        austen += json.loads(p.read_text())
+        austen += [r | {"train_steps": last_step(p.parent)} for r in json.loads(p.read_text())]
     report = {
         "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
         "commits": state["commits"],
