@@ -37,7 +37,10 @@ def test_eval_writes_a_report(tiny_checkpoint, tiny_corpus, tmp_path, metric, te
     bits = report["bits_per_token"]
     assert set(bits) == terms
     assert bits["total"] == pytest.approx(sum(v for k, v in bits.items() if k != "total"))
-    assert f"cdlm-eval: {metric} on 2 sequences" in result.stdout
+    scores = "pure Gaussian noise on every token"  # what the bound is of (a hybrid model's too)
+    assert report["scores"].endswith(scores)
+    assert f"cdlm-eval: {metric} of " in result.stdout
+    assert f"{scores}, on 2 sequences" in result.stdout
 
 
 def test_eval_bad_input_is_one_line_and_writes_nothing(tiny_checkpoint, tmp_path):
