@@ -59,14 +59,16 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
     "gaussian+self_cond@seed1": ("gaussian", [*LEVERS["gaussian+self_cond"][1], "seed=1"]),
     "masked+no_ar_phase": ("masked", [*MODELS["masked"][1], "phases=none"]),
 }
-# and the masked default beside masked without its AR phase (the worlds' finding, on real text)
-AUSTEN = {
-    "gaussian": MODELS["gaussian"][1],
-    "gaussian+self_cond": LEVERS["gaussian+self_cond"][1],
-    "masked": MODELS["masked"][1],
-    "masked+no_ar_phase": CHECKS["masked+no_ar_phase"][1],
+# and the masked default beside masked without its AR phase (the worlds' finding, on real text),
+# also at three times the clock (does the AR phase's lead last?): label -> (minutes, overrides)
+AUSTEN: dict[str, tuple[float, list[str]]] = {
+    "gaussian": (10.0, MODELS["gaussian"][1]),
+    "gaussian+self_cond": (10.0, LEVERS["gaussian+self_cond"][1]),
+    "masked": (10.0, MODELS["masked"][1]),
+    "masked+no_ar_phase": (10.0, CHECKS["masked+no_ar_phase"][1]),
+    "masked@30min": (30.0, MODELS["masked"][1]),
+    "masked+no_ar_phase@30min": (30.0, CHECKS["masked+no_ar_phase"][1]),
 }
-AUSTEN_MINUTES = 10.0
 # each Austen run's bound: this many draws on up to this many val sequences, the same seeds for
 # every run (a pair's difference is then read without most of the estimator's noise)
 AUSTEN_DRAWS, AUSTEN_SEQUENCES = 8, 256
@@ -154,12 +156,13 @@ def cross_runs(runs: Path, quick: bool, steps: int | None) -> list[tuple[str, in
             for n in CROSS_TOKENS for p, default in CROSS_STEPS.items()]  # fmt: skip
 
 
-def austen_one(job: tuple[str, Path, float]) -> dict:
+def austen_one(job: tuple[str, Path]) -> dict:
     """One Austen quickstart run, then its samples scored as docs/duo.md scores them (gen-PPL
     under SmolLM2-135M beside entropy, a temperature frontier at 8 steps)."""
-    label, run_dir, minutes = job
+    label, run_dir = job
+    minutes, overrides = AUSTEN[label]
     args = [
-        *AUSTEN[label],
+        *overrides,
         f"trainer.max_time={duration(minutes * 60)}",
         "trainer.val_check_interval=25",
         f"hydra.run.dir={run_dir}",
@@ -271,7 +274,7 @@ def main() -> None:
                 and str(j[1]) in (args.cross_tokens or str(j[1])).split(",")]  # fmt: skip
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(cross_one, jobs))
-    austen = [(label, runs / "austen" / label, AUSTEN_MINUTES) for label in AUSTEN]
+    austen = [(label, runs / "austen" / label) for label in AUSTEN]
     if "austen" in phases:
         record("austen")
         with ThreadPoolExecutor(2) as pool:

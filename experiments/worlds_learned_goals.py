@@ -251,10 +251,11 @@ def markdown(report: dict) -> str:
         )  # fmt: skip
     if report.get("austen"):
         lines += section(
-            "The Austen quickstart, 10 minutes per model, 2 at a time: each recipe and its lever "
+            "The Austen quickstart, 2 runs at a time: each recipe and its lever "
             "(gen-PPL under SmolLM2-135M)",
-            ["recipe", "train steps", "val bound (bits, 1 draw)", "sampler", "steps", "T", "gen-PPL", "entropy"],
-            [[r["recipe"], r["train_steps"], f"{r['bits_per_token']:.3f}", r["sampler"], r["steps"],
+            ["recipe", "minutes", "train steps", "val bound (bits, 1 draw)", "sampler", "steps", "T",
+             "gen-PPL", "entropy"],
+            [[r["recipe"], f"{r['minutes']:g}", r["train_steps"], f"{r['bits_per_token']:.3f}", r["sampler"], r["steps"],
               f"{r['temperature']:g}", fmt(r["gen_ppl"], 0), fmt(r["entropy"], 2)]
              for r in report["austen"]],
         )  # fmt: skip

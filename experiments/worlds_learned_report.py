@@ -18,7 +18,11 @@ from cdlm.io import atomic_path, atomic_write_text
 SCRIPT = "experiments/worlds_learned.py"
 END = "<!-- end measured -->"
 # the Austen before/after pairs (experiments/worlds_learned.py's AUSTEN): a recipe, then its lever
-AUSTEN_PAIRS = [("gaussian", "gaussian+self_cond"), ("masked", "masked+no_ar_phase")]
+AUSTEN_PAIRS = [
+    ("gaussian", "gaussian+self_cond"),
+    ("masked", "masked+no_ar_phase"),
+    ("masked@30min", "masked+no_ar_phase@30min"),
+]
 
 
 def val_nll(spec: str) -> float:
@@ -69,6 +73,14 @@ def paired_se(a: list[float], b: list[float]) -> float:
     d = [x - y for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+
+
+def clock_minutes(run_dir: Path) -> float:
+    """The wall clock a run was given: its ``trainer.max_time=DD:HH:MM:SS`` override."""
+    args = json.loads((run_dir / "duo_run.json").read_text())["args"]
+    given = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.max_time="))
+    days, hours, minutes, seconds = map(int, given.split(":"))
+    return days * 1440 + hours * 60 + minutes + seconds / 60
 
 
 def austen_bounds(bounds: dict[str, dict]) -> list[dict]:
@@ -157,7 +169,8 @@ def report(
     for p in sorted((runs / "austen").glob("*/scored.json")):
         if p.with_name("bound.json").is_file():
             bounds[p.parent.name] = json.loads(p.with_name("bound.json").read_text())
-        austen += [r | {"train_steps": last_step(p.parent)} for r in json.loads(p.read_text())]
+        run = {"train_steps": last_step(p.parent), "minutes": clock_minutes(p.parent)}
+        austen += [r | run for r in json.loads(p.read_text())]
     report = {
         "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
         "commits": state["commits"],
