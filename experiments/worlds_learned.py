@@ -25,11 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import launch
 from budget import duration
 from duo import commit, run_once
 
@@ -69,6 +69,12 @@ AUSTEN: dict[str, tuple[float, list[str]]] = {
     "masked@30min": (30.0, MODELS["masked"][1]),
     "masked+no_ar_phase@30min": (30.0, CHECKS["masked+no_ar_phase"][1]),
 }
+# the Austen before/after pairs the report sets side by side: a recipe, then its lever
+AUSTEN_PAIRS = [
+    ("gaussian", "gaussian+self_cond"),
+    ("masked", "masked+no_ar_phase"),
+    ("masked@30min", "masked+no_ar_phase@30min"),
+]
 # each Austen run's bound: this many draws on up to this many val sequences, the same seeds for
 # every run (a pair's difference is then read without most of the estimator's noise)
 AUSTEN_DRAWS, AUSTEN_SEQUENCES = 8, 256
@@ -173,19 +179,15 @@ def austen_one(job: tuple[str, Path]) -> dict:
     return run_once(args, run_dir)
 
 
-def austen_scores(run_dir: Path, label: str, jobs: int) -> list[dict]:
-    """The scored rows of one Austen run (``experiments/duo.py --evaluate-one``), cached."""
-    from budget import last_step
-
-    path = run_dir / "scored.json"
-    if not path.is_file():
-        row = {"corpus": "austen", "recipe": label, "role": "trained",
-               "train_steps": last_step(run_dir), "parallel_runs": jobs}  # fmt: skip
-        spec = {"name": f"austen-{label}", "ckpt": str(run_dir / "model.safetensors"), "row": row}
-        script = Path(__file__).with_name("duo.py")
-        cmd = [sys.executable, str(script), "--evaluate-one", json.dumps(spec), "--out", str(path)]
-        subprocess.run(cmd + ["--num-samples", "16", "--likelihood-sequences", "64"], check=True)
-    return json.loads(path.read_text())
+def austen_scores(austen: list[tuple[str, Path]], runs: Path) -> list[dict]:
+    """The scored rows of every Austen run (``experiments/duo.py --evaluate-one``, two at a
+    time), cached as ``austen/evaluated/austen-<label>.json``; the report counts their steps."""
+    specs = [{"name": f"austen-{label}", "ckpt": str(run_dir / "model.safetensors"),
+              "row": {"corpus": "austen", "recipe": label, "role": "trained", "parallel_runs": 2}}
+             for label, run_dir in austen]  # fmt: skip
+    options = ["--num-samples", "16", "--likelihood-sequences", "64"]
+    script = Path(__file__).with_name("duo.py")
+    return launch.evaluate_children(script, specs, runs / "austen" / "evaluated", 2, options)
 
 
 def austen_bound(run_dir: Path) -> dict:
@@ -279,8 +281,7 @@ def main() -> None:
         record("austen")
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(austen_one, austen))
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda job: austen_scores(job[1], job[0], 2), austen))
+        austen_scores(austen, runs)
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda job: austen_bound(job[1]), austen))
     if "evaluate" in phases or "report" in phases:
@@ -288,7 +289,7 @@ def main() -> None:
 
         if "evaluate" in phases:
             record("evaluate")
-        report(args, runs, state, trained, "evaluate" in phases, set(CHECKS))
+        report(args, runs, state, trained, "evaluate" in phases, set(CHECKS), AUSTEN_PAIRS)
 
 
 if __name__ == "__main__":

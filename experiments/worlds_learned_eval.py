@@ -194,12 +194,8 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
 
 def evaluate_all(specs: list[dict], args: argparse.Namespace, runs: Path) -> list[dict]:
     """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time."""
-    options = [
-        "--samples",
-        str(args.samples),
-        "--likelihood-sequences",
-        str(args.likelihood_sequences),
-    ]
+    options = ["--samples", str(args.samples)]
+    options += ["--likelihood-sequences", str(args.likelihood_sequences)]
     script = Path(__file__).with_name("worlds_learned.py")
     return launch.evaluate_children(script, specs, runs / "evaluated", args.jobs, options)
 

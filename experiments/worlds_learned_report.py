@@ -17,12 +17,6 @@ from cdlm.io import atomic_path, atomic_write_text
 
 SCRIPT = "experiments/worlds_learned.py"
 END = "<!-- end measured -->"
-# the Austen before/after pairs (experiments/worlds_learned.py's AUSTEN): a recipe, then its lever
-AUSTEN_PAIRS = [
-    ("gaussian", "gaussian+self_cond"),
-    ("masked", "masked+no_ar_phase"),
-    ("masked@30min", "masked+no_ar_phase@30min"),
-]
 
 
 def val_nll(spec: str) -> float:
@@ -83,11 +77,11 @@ def clock_minutes(run_dir: Path) -> float:
     return days * 1440 + hours * 60 + minutes + seconds / 60
 
 
-def austen_bounds(bounds: dict[str, dict]) -> list[dict]:
+def austen_bounds(bounds: dict[str, dict], pairs: list[tuple[str, str]]) -> list[dict]:
     """Each Austen pair (the recipe, then its lever) at the same draws: both bounds and the
     lever's paired difference."""
     out = []
-    for before, after in AUSTEN_PAIRS:
+    for before, after in pairs:
         if before in bounds and after in bounds:
             a, b = bounds[before], bounds[after]
             out.append({"before": before, "after": after, "draws": a["draws"],
@@ -146,7 +140,13 @@ def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, 
 
 
 def report(
-    args: argparse.Namespace, runs: Path, state: dict, trained, evaluate: bool, unsped: set[str]
+    args: argparse.Namespace,
+    runs: Path,
+    state: dict,
+    trained,
+    evaluate: bool,
+    unsped: set[str],
+    pairs: list[tuple[str, str]],
 ) -> None:
     from budget import last_step
     from worlds_learned_goals import goals, markdown
@@ -166,10 +166,12 @@ def report(
         cross += crossover(Path(folder), nll["chars"])
         checks += settled(Path(folder))
     austen, bounds = [], {}
-    for p in sorted((runs / "austen").glob("*/scored.json")):
-        if p.with_name("bound.json").is_file():
-            bounds[p.parent.name] = json.loads(p.with_name("bound.json").read_text())
-        run = {"train_steps": last_step(p.parent), "minutes": clock_minutes(p.parent)}
+    for p in sorted((runs / "austen" / "evaluated").glob("austen-*.json")):
+        label = p.stem.removeprefix("austen-")
+        run_dir = runs / "austen" / label
+        if (run_dir / "bound.json").is_file():
+            bounds[label] = json.loads((run_dir / "bound.json").read_text())
+        run = {"train_steps": last_step(run_dir), "minutes": clock_minutes(run_dir)}
         austen += [r | run for r in json.loads(p.read_text())]
     report = {
         "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
@@ -184,7 +186,7 @@ def report(
         "crossover": cross,
         "crossover_bounds": checks,
         "austen": austen,
-        "austen_bounds": austen_bounds(bounds),
+        "austen_bounds": austen_bounds(bounds, pairs),
     }
     report["goals"] = goals(report)
     out = args.out
