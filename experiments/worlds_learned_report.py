@@ -166,7 +166,8 @@ def report(
         cross += crossover(Path(folder), nll["chars"])
         checks += settled(Path(folder))
     austen, bounds = [], {}
-    for p in sorted((runs / "austen" / "evaluated").glob("austen-*.json")):
+    found = (runs / "austen" / "evaluated").glob("austen-*.json")
+    for p in sorted(found, key=lambda p: p.stem):  # by label: "+" sorts before ".json"
         label = p.stem.removeprefix("austen-")
         run_dir = runs / "austen" / label
         if (run_dir / "bound.json").is_file():
