@@ -4,7 +4,7 @@
     python experiments/conditional.py --quick --runs /tmp/cond --out /tmp/cond/doc   # smoke
 
 Rows:
-1. Plan puzzles (Sudoku, Countdown from ``experiments/plan_data.py``, one shuffled set): AR and
+1. Plan puzzles (Sudoku, Countdown from ``scripts/plan_data.py``, one shuffled set): AR and
    masked, each trained on whole lines (one puzzle line per sequence, docs/tasks.md's plan set)
    and on prompt→answer pairs (``data.format=pairs``: the puzzle as prompt, its solution as
    response), all at one optimizer-step budget. Scored on the same held-out puzzles (drawn by

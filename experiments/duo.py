@@ -1,22 +1,23 @@
-"""Duo's measurement (issue 40): docs/duo.md and docs/duo.json from one run.
+"""Duo's measurement (issue 40): docs/results/duo.{md,json} from the study's sweep folders.
 
-    python experiments/duo.py --runs outputs/duo --out docs/duo                   # ~75 min
-    python experiments/duo.py --quick --runs /tmp/duo --out /tmp/duo              # ~5 min smoke
+    cdlm-train -m experiment=duo hydra/launcher=joblib hydra.launcher.n_jobs=2        # Austen
+    cdlm-train -m experiment=duo_chars hydra/launcher=joblib hydra.launcher.n_jobs=2  # the world
+    cdlm-train -m experiment=duo_dcd teacher=multirun/duo/2/model.safetensors trainer.max_steps=60
+    cdlm-train -m experiment=duo_dcd teacher=multirun/duo_chars/2/model.safetensors data=world \
+      hydra.sweep.dir=multirun/duo_dcd/chars
+    python experiments/duo.py multirun/duo multirun/duo_chars multirun/duo_dcd/austen \
+      multirun/duo_dcd/chars
 
-Rows: masked, uniform, uniform with Duo's Gaussian curriculum, gaussian and AR, each trained by
-``cdlm-train experiment=quickstart`` (the same wall clock for every row, ``--jobs`` at a time on
-one CPU thread each, recorded as ``parallel_runs``) on the bundled Austen corpus and on the
-character world (``data=world:chars``). Then discrete consistency distillation (DCD) of the
-curriculum-trained uniform model, rounds 32 -> 16 -> 8 -> 4 steps. Every model is sampled at
-8, 16, 64 and 128 steps (whole canvases, seed 0): on Austen gen-PPL (SmolLM2-135M) beside token
-entropy, with a temperature frontier at 8 and 64 steps; on the world the exact scores (KL and TV
-rates against the truth with their floors, violations). Each model's bound: on Austen the val
-bound, on the world the bound on exact samples minus the entropy rate (excess bits). The
-curriculum's speed is read from the two uniform runs' validation curves (``metrics.csv``).
-
-Training, distillation and evaluation are phases (``--phases``); finished runs and evaluated
-models are reused, so a run can be resumed and each phase may come from a later commit (each
-phase's commit is recorded).
+Rows (conf/experiment/duo*.yaml): masked, uniform, uniform with Duo's Gaussian curriculum,
+gaussian and AR (``recipe=``), each trained at the quickstart budget on the bundled Austen corpus
+and on the character world; then discrete consistency distillation (DCD) of the
+curriculum-trained uniform model, rounds 32 -> 16 -> 8 -> 4 steps. Every model is sampled at 8,
+16, 64 and 128 steps (whole canvases, seed 0): on Austen gen-PPL (SmolLM2-135M) beside token
+entropy, with a temperature frontier at 8 steps; on the world the exact scores (KL and TV rates
+against the truth with their floors, violations). Each model's bound: on Austen the val bound,
+on the world the bound on exact samples minus the entropy rate (excess bits). The curriculum's
+speed is read from the two uniform runs' validation curves (their CSV or W&B logs). Each model
+is evaluated once, in a child process of its own (``--evaluate-one``), its rows cached.
 """
 
 from __future__ import annotations
@@ -25,36 +26,22 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import launch
-from budget import duration, last_step, metrics
-from continuous import sampler_at
+import study
 
 from cdlm.evaluation.frontier import at_entropy
 
-CORPORA = {"austen": [], "chars": ["data=world:chars"]}
-# recipe -> (overrides, per-corpus extra overrides)
-RECIPES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
-    "masked": (["process=masked"], {}),
-    "uniform": (["process=uniform"], {}),
-    # Duo's gamma range [-3.5, -1.75] spans alpha 0.97 .. 0.09 at V = 8192 but only 1.0 .. 0.62
-    # at the world's V = 30: there the curriculum's Gaussian reaches logSNR -4 (alpha 0.01)
-    "uniform+curriculum": (
-        ["process=uniform", "process.curriculum.share=0.5"],
-        {"chars": ["process.curriculum.gamma_max=4"]},
-    ),
-    "gaussian": (["process=gaussian"], {}),
-    "autoregressive": (["process=autoregressive"], {}),
+CORPORA = ("austen", "chars")
+RECIPES = {  # recipe (conf/recipe/) -> process; the world's curriculum has its own gamma range
+    "masked": "masked",
+    "uniform": "uniform",
+    "uniform_curriculum": "uniform",
+    "uniform_curriculum_world": "uniform",
+    "gaussian": "gaussian",
+    "autoregressive": "autoregressive",
 }
-TEACHER = "uniform+curriculum"  # DCD distils Duo's curriculum-trained model, as the paper does
-DCD_START, DCD_END = 32, 4  # students at 16, 8 and 4 steps
-# DCD's budget in optimizer steps (a third per round), not wall clock: what a student learns
-# does not depend on what else the machine runs (a step costs ~5 s on Austen, ~1 s on the world)
-DCD_STEPS = {"austen": 60, "chars": 150}
+TEACHERS = ("uniform_curriculum", "uniform_curriculum_world")  # DCD distils these, as Duo does
 STEPS = (8, 16, 64, 128)
 # process -> [(label, conf/sampler name, options, step counts)]; the first also gets the frontier
 # (a uniform step costs ~3x a masked one here: every position draws from V each step)
@@ -71,73 +58,16 @@ FRONTIER_STEPS, FRONTIER_T = (8,), (0.8, 0.9)  # Austen only: the world's scorer
 END = "<!-- end measured -->"
 
 
-def commit() -> str:
-    here = Path(__file__).resolve().parent
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def train_one(job: tuple[str, str, Path, float]) -> dict:
-    corpus, recipe, run_dir, minutes = job
-    overrides, extra = RECIPES[recipe]
-    args = [
-        "experiment=quickstart",
-        *CORPORA[corpus],
-        *overrides,
-        *extra.get(corpus, []),
-        f"trainer.max_time={duration(minutes * 60)}",
-        # a quickstart row reaches ~170 steps on one thread: validate often enough for a curve
-        "trainer.val_check_interval=25",
-        f"hydra.run.dir={run_dir}",
-        "logger=csv",
-        "seed=0",
-        "+trainer.enable_progress_bar=false",
-    ]
-    return run_once(args, run_dir)
-
-
-def run_once(args: list[str], run_dir: Path) -> dict:
-    """``cdlm-train`` with ``args`` unless an earlier run finished there; its cost record."""
-    record_path = run_dir / "duo_run.json"
-    if not record_path.is_file():
-        cost = launch.train(args, wandb=False)
-        record = {"args": args, "wall_seconds": cost.wall_seconds, "cpu_seconds": cost.cpu_seconds}
-        record_path.write_text(json.dumps(record, indent=2) + "\n")
-    return json.loads(record_path.read_text())
-
-
-def distil_one(job: tuple[str, Path, Path, int]) -> dict:
-    corpus, teacher, run_dir, steps = job
-    args = [
-        *CORPORA[corpus],
-        "process=uniform",
-        "module=distill_dcd",
-        f"teacher={teacher}",
-        f"module.start_steps={DCD_START}",
-        f"module.end_steps={DCD_END}",
-        f"module.round_dir={run_dir / 'rounds'}",
-        "module.round_eval.scorer=none",  # every student is scored below
-        f"trainer.max_steps={steps}",
-        "lr_scheduler=warmup_cosine",
-        f"trainer.val_check_interval={steps // 3}",
-        f"hydra.run.dir={run_dir}",
-        "logger=csv",
-        "seed=0",
-        "+trainer.enable_progress_bar=false",
-    ]
-    return run_once(args, run_dir)
-
-
 def students(run_dir: Path) -> dict[int, Path]:
     """The DCD round students by step count (``round<k>_<steps>steps.safetensors``)."""
     found = sorted((run_dir / "rounds").glob("round*_*steps.safetensors"))
     return {int(p.stem.split("_")[1].removesuffix("steps")): p for p in found}
 
 
-def val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, val bits/token) at every validation of a training run."""
-    rows = [r for r in metrics(run_dir) if r.get("val/bits_per_token")]
-    return [(int(r["step"]) + 1, float(r["val/bits_per_token"])) for r in rows]
+def val_curve(row: dict) -> list[tuple[int, float]]:
+    """(step, val bits/token) at every validation of a training job; Lightning logs a
+    validation at the step before the one it follows, hence the +1."""
+    return [(step + 1, bits) for step, bits in study.job_curve(row, "val/bits_per_token")]
 
 
 def configs(process: str, world: bool, length: int) -> list[tuple[str, str, dict, int, float]]:
@@ -176,7 +106,7 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
         found = [("duo_ancestral", "duo_ancestral", {}, spec["steps"], 1.0)]
     rows, bound = [], None
     for label, name, options, steps, temperature in found:
-        sampler, x0_t = sampler_at(process, named_sampler(name, **options), temperature)
+        sampler, x0_t = study.sampler_at(process, named_sampler(name, **options), temperature)
         plan = Plan(
             num_samples=args.num_samples,
             seq_len=length,
@@ -229,18 +159,21 @@ def evaluate_all(specs: list[dict], args: argparse.Namespace) -> list[dict]:
     """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time."""
     options = ["--num-samples", str(args.num_samples)]
     options += ["--likelihood-sequences", str(args.likelihood_sequences)]
-    return launch.evaluate_children(
-        Path(__file__), specs, args.runs / "evaluated", args.jobs, options
-    )
+    return study.evaluate_children(Path(__file__), specs, args.evaluated, args.jobs, options)
 
 
 def find(rows: list[dict], **match) -> list[dict]:
     return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
 
 
-def curriculum_goal(runs: Path, corpus: str) -> dict:
-    """Steps the curriculum run needs to reach the plain uniform run's final val bound."""
-    plain, curr = (val_curve(runs / corpus / r) for r in ("uniform", "uniform+curriculum"))
+def curriculum_goal(jobs: list[dict], corpus: str) -> dict | None:
+    """Steps the curriculum run needs to reach the plain uniform run's final val bound (None
+    without both runs)."""
+    plain = [j for j in jobs if j["corpus"] == corpus and j["recipe"] == "uniform"]
+    curr = [j for j in jobs if j["corpus"] == corpus and j["recipe"] in TEACHERS]
+    if not (plain and curr):
+        return None
+    plain, curr = val_curve(plain[0]["row"]), val_curve(curr[0]["row"])
     target, plain_steps = plain[-1][1], plain[-1][0]
     reached = next((step for step, bits in curr if bits <= target), None)
     return {
@@ -251,7 +184,7 @@ def curriculum_goal(runs: Path, corpus: str) -> dict:
         "curriculum_steps": curr[-1][0],
         "curriculum_steps_to_uniform_bound": reached,
         "ratio": reached / plain_steps if reached else None,
-        "curves": {"uniform": plain, "uniform+curriculum": curr},
+        "curves": {"uniform": plain, "uniform_curriculum": curr},
     }
 
 
@@ -263,7 +196,7 @@ def eight_step_goal(rows: list[dict], corpus: str) -> list[str]:
     if not masked:
         return lines
     m = masked[0]
-    for recipe in ("uniform", "uniform+curriculum"):
+    for recipe in ("uniform", *TEACHERS):
         for sampler in ("duo_ancestral", "duo_psi"):
             mine = find(rows, corpus=corpus, recipe=recipe, sampler=sampler, steps=8)
             if not mine:
@@ -294,7 +227,7 @@ def eight_step_goal(rows: list[dict], corpus: str) -> list[str]:
 def dcd_goal(rows: list[dict], corpus: str) -> str:
     """The 8-step student against its teacher at 128 steps (duo_ancestral, T = 1)."""
     student = find(rows, corpus=corpus, role="student", steps=8)
-    teacher = find(rows, corpus=corpus, recipe=TEACHER, sampler="duo_ancestral", steps=128)
+    teacher = find(rows, corpus=corpus, role="teacher", sampler="duo_ancestral", steps=128)
     teacher = find(teacher, temperature=1.0)
     if not (student and teacher):
         return f"{corpus}: no 8-step student or 128-step teacher row"
@@ -319,14 +252,10 @@ def fmt(v, digits: int = 2) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"<!-- measured: {report['command']} -->", ""]
-    lines.append(
-        f"Commits: {report['commits']}. Training: {report['minutes']:g} min per row on Austen "
-        f"(the quickstart budget), {report['world_minutes']:g} min on the world, DCD "
-        f"{report['dcd_steps']} optimizer steps; {report['jobs']} runs at a time, one CPU thread each "
-        f"(`parallel_runs`). {report['num_samples']} samples of 128 tokens per row, seed 0, "
-        "whole canvases."
-    )
+    lines = [
+        f"{report['num_samples']} samples of 128 tokens per row, seed 0, whole canvases; each "
+        "training job's steps and cost as `cdlm-table` reads them (the JSON's `jobs`)."
+    ]
     for corpus in CORPORA:
         world = corpus == "chars"
         lines += ["", f"### {'The character world (scored exactly)' if world else 'Austen'}", ""]
@@ -358,37 +287,48 @@ def markdown(report: dict) -> str:
     for corpus in CORPORA:
         lines += [f"- Uniform at 8 steps ({corpus}): " + s for s in report["eight_steps"][corpus]]
     lines += [f"- DCD: {report['dcd'][c]}" for c in CORPORA]
-    return "\n".join(lines) + "\n" + END + "\n"
+    return "\n".join(lines) + "\n"
 
 
-def with_prose(path: Path, generated: str, script: str = "experiments/duo.py") -> str:
-    """The doc with ``script``'s measured section replaced; prose before and after the markers
-    kept."""
-    old = path.read_text() if path.is_file() else ""
-    start = old.find(f"<!-- measured: {script}")
-    if start < 0:
-        return old + ("\n" if old else "") + generated
-    stop = old.find(END, start)
-    return old[:start] + generated + old[stop + len(END) + 1 :]
+def corpus_of(row: dict) -> str:
+    """A job's corpus: the character world for duo_chars and a DCD job of data=world."""
+    overrides = row["overrides"]
+    world = overrides.get("experiment") == "duo_chars" or overrides.get("data") == "world"
+    return "chars" if world else "austen"
+
+
+def specs_of(found: dict) -> tuple[list[dict], list[dict]]:
+    """(the trained jobs, the evaluation specs of every model: trained ones and DCD students)."""
+    jobs, specs = [], []
+    for row in study.rows(found):
+        corpus, folder = corpus_of(row), Path(row["folder"])
+        common = {"corpus": corpus, "train_steps": row["steps"]}
+        common["parallel_runs"] = (row["cost"] or {}).get("parallel_jobs")
+        if "teacher" in row["overrides"]:
+            for steps, ckpt in students(folder).items():
+                spec_row = common | {"recipe": "dcd", "role": "student", "process": "uniform"}
+                name = f"{corpus}-dcd{steps}"
+                specs.append({"name": name, "ckpt": str(ckpt), "row": spec_row, "steps": steps})
+            continue
+        recipe = row["overrides"]["recipe"]
+        role = "teacher" if recipe in TEACHERS else "trained"
+        spec_row = common | {"recipe": recipe, "role": role, "process": RECIPES[recipe]}
+        specs.append({"name": f"{corpus}-{recipe}", "ckpt": str(folder / "model.safetensors"),
+                      "row": spec_row})  # fmt: skip
+        jobs.append({"corpus": corpus, "recipe": recipe, "row": row})
+    return jobs, specs
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=Path, default=Path("outputs/duo"))
-    p.add_argument("--out", type=Path, default=Path("docs/duo"))
-    p.add_argument("--minutes", type=float, default=10.0, help="Austen budget per row")
-    p.add_argument("--world-minutes", type=float, default=4.0)
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("sweeps", type=Path, nargs="*", help="the study's sweep folders")
+    p.add_argument("--evaluated", type=Path, default=Path("multirun/duo_evaluated"))
+    p.add_argument("--jobs", type=int, default=2, help="models evaluated at a time")
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--likelihood-sequences", type=int, default=64)
-    p.add_argument("--phases", default="train,distil,evaluate")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 0.5-minute budgets")
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.minutes = args.world_minutes = 0.5
-        args.num_samples, args.likelihood_sequences = 4, 4
-    return args
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
 
 
 def main() -> None:
@@ -397,65 +337,30 @@ def main() -> None:
         rows = evaluate_model(json.loads(args.evaluate_one), args)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
         return
-    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    phases, runs = args.phases.split(","), args.runs.resolve()
-    state_path = runs / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {"commits": {}}
-    runs.mkdir(parents=True, exist_ok=True)
-    minutes = {"austen": args.minutes, "chars": args.world_minutes}
-    trained = [(c, r, runs / c / r, minutes[c]) for c in CORPORA for r in RECIPES]
-    trained.sort(key=lambda job: -job[3])  # the longest first: the pool ends together
-    if "train" in phases:
-        state["commits"]["train"] = commit()
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(train_one, trained))
-    distilled = [(c, runs / c / TEACHER / "model.safetensors", runs / c / "dcd",
-                  max(3, DCD_STEPS[c] // (20 if args.quick else 1))) for c in CORPORA]  # fmt: skip
-    if "distil" in phases:
-        state["commits"]["distil"] = commit()
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(distil_one, distilled))
-    state_path.write_text(json.dumps(state, indent=2) + "\n")
-    if "evaluate" not in phases:
-        return
-    state["commits"]["evaluate"] = commit()
-    specs = []
-    for corpus, recipe, run_dir, _ in trained:
-        row = {"corpus": corpus, "recipe": recipe, "role": "trained"}
-        row |= {"train_steps": last_step(run_dir), "parallel_runs": args.jobs}
-        row |= {"process": RECIPES[recipe][0][0].split("=")[1]}
-        specs.append({"name": f"{corpus}-{recipe}", "ckpt": str(run_dir / "model.safetensors"),
-                      "row": row})  # fmt: skip
-    for corpus, _, run_dir, _ in distilled:
-        for steps, ckpt in students(run_dir).items():
-            row = {"corpus": corpus, "recipe": f"dcd of {TEACHER}", "role": "student"}
-            row |= {"train_steps": last_step(run_dir), "parallel_runs": args.jobs}
-            row |= {"process": "uniform"}
-            specs.append({"name": f"{corpus}-dcd{steps}", "ckpt": str(ckpt), "row": row,
-                          "steps": steps})  # fmt: skip
+    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    found = study.table(*args.sweeps)
+    jobs, specs = specs_of(found)
     rows = evaluate_all(specs, args)
-    for row in rows:
-        if row["role"] == "trained" and row["recipe"] == TEACHER:
-            row["role"] = "teacher"
     report = {
-        "command": "experiments/duo.py " + " ".join(sys.argv[1:]),
-        "commits": state["commits"],
-        "minutes": args.minutes,
-        "world_minutes": args.world_minutes,
-        "dcd_steps": DCD_STEPS,
-        "jobs": args.jobs,
         "num_samples": args.num_samples,
+        "jobs": [j["row"] for j in jobs],
         "rows": rows,
-        "curriculum": [curriculum_goal(runs, c) for c in CORPORA],
+        "curriculum": [g for c in CORPORA if (g := curriculum_goal(jobs, c))],
         "eight_steps": {c: eight_step_goal(rows, c) for c in CORPORA},
         "dcd": {c: dcd_goal(rows, c) for c in CORPORA},
     }
-    from cdlm.io import atomic_write_text
-
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
-    md = args.out.with_suffix(".md")
-    atomic_write_text(md, with_prose(md, markdown(report)))
-    print(markdown(report))
+    commands = [
+        "cdlm-train -m experiment=duo hydra/launcher=joblib hydra.launcher.n_jobs=2",
+        "cdlm-train -m experiment=duo_chars hydra/launcher=joblib hydra.launcher.n_jobs=2",
+        "cdlm-train -m experiment=duo_dcd teacher=multirun/duo/2/model.safetensors "
+        "trainer.max_steps=60",
+        "cdlm-train -m experiment=duo_dcd teacher=multirun/duo_chars/2/model.safetensors "
+        "data=world hydra.sweep.dir=multirun/duo_dcd/chars",
+        "python experiments/duo.py " + " ".join(map(str, args.sweeps)),
+    ]
+    path = study.write("duo", "Duo: uniform-state diffusion, measured", markdown(report), report,
+                       commands, found)  # fmt: skip
+    print(path.read_text())
 
 
 if __name__ == "__main__":

@@ -67,6 +67,19 @@ def tiny_corpus(tmp_path_factory) -> Path:
     return folder
 
 
+def experiment_module(name: str, folder: str = "experiments"):
+    """A study (or script) module of the repository, imported as its folder's scripts import
+    their neighbours (``import study``)."""
+    import importlib
+
+    where = str(Path(__file__).resolve().parents[1] / folder)
+    sys.path.insert(0, where)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(where)
+
+
 def run_cli(prog: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     module = {
         "cdlm-train": "cdlm.cli.train",

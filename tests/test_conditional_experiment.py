@@ -1,4 +1,4 @@
-"""experiments/plan_data.py's pairs output and experiments/conditional.py's reading of its rows:
+"""scripts/plan_data.py's pairs output and experiments/conditional.py's reading of its rows:
 the same puzzles in both formats, held-out puzzles from their shared validation split, and the
 goals on hand-made rows."""
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_speed_table import _script
+from conftest import experiment_module as _script
 
 from cdlm.tasks import games
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def plan_files(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("plan")
     for name, kind in (("plan.txt", "text"), ("plan.jsonl", "pairs")):
-        cmd = [sys.executable, str(ROOT / "experiments" / "plan_data.py"), str(folder / name)]
+        cmd = [sys.executable, str(ROOT / "scripts" / "plan_data.py"), str(folder / name)]
         subprocess.run([*cmd, "--count", "60", "--format", kind], check=True)
     return folder
 

@@ -9,7 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_speed_table import _script
+from conftest import experiment_module as _script
 
 launch = _script("launch", "experiments")
 budget = _script("budget", "experiments")

@@ -1,5 +1,5 @@
 """The speed measurement (cdlm.evaluation.speed, memory, guard_share) on hand-built cases, and
-experiments/speed.py end to end on tiny models (scorer: a uniform LM stand-in)."""
+its first-token figures on a tiny model."""
 
 import math
 import mmap

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_speed_table import _script
+from conftest import experiment_module as _script
 
 worlds_table = _script("worlds", "experiments")
 ROOT = Path(__file__).resolve().parents[1]

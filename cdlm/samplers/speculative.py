@@ -100,7 +100,7 @@ def prompt_length(x: Tensor, mask_id: int) -> int:
 class SeparateVerifier:
     """Verification by a separate AR model (a ``NextTokenPredictor``, e.g. the checkpoint the
     block model started from) on its own KV cache: one more call per draft, for comparing with
-    the block model's own causal pass (``experiments/speed.py``)."""
+    the block model's own causal pass (docs/speed.md)."""
 
     def __init__(self, predictor) -> None:
         self.predictor, self.kv = predictor, predictor.new_cache()

@@ -51,7 +51,7 @@ def parse(line: str) -> Puzzle:
             return puzzle
     raise ValueError(
         f"{line[:60]!r} is neither a Sudoku nor a Countdown line; task=plan reads the held-out "
-        "lines of data.path=<the puzzle file the model trained on> (experiments/plan_data.py)"
+        "lines of data.path=<the puzzle file the model trained on> (scripts/plan_data.py)"
     )
 
 

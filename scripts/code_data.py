@@ -2,7 +2,7 @@
 top-level modules in a seeded order, concatenated into one ``.py`` training file (so it is read
 line by line, indentation kept; the held-out split is its last lines).
 
-usage: python experiments/code_data.py OUT.py [--megabytes 4] [--seed 0]
+usage: python scripts/code_data.py OUT.py [--megabytes 4] [--seed 0]
 """
 
 from __future__ import annotations

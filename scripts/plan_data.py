@@ -5,7 +5,7 @@ together into one training file whose last lines are the held-out puzzles of ``t
 puzzle as ``prompt``, its solution as ``response``: prompt→answer training, as Ye et al. train
 them), so that a pairs file and a text file of one seed hold out the same puzzles.
 
-usage: python experiments/plan_data.py OUT [--count 20000] [--seed 0] [--format text|pairs]
+usage: python scripts/plan_data.py OUT [--count 20000] [--seed 0] [--format text|pairs]
 """
 
 from __future__ import annotations
