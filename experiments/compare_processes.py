@@ -10,7 +10,7 @@ training-token budget (steps x batch x seq_len) on the bundled corpus, through t
   * wall time of the training run.
 Writes ``<out>.json`` and ``<out>.md``.
 
-    python experiments/compare_processes.py --steps 250 --out docs/compare_processes
+    python experiments/compare_processes.py --steps 250 --out docs/results/historical/compare_processes
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="outputs/compare_processes")
-    parser.add_argument("--out", default="docs/compare_processes")
+    parser.add_argument("--out", default="docs/results/historical/compare_processes")
     args = parser.parse_args()
     rows = []
     for process in PROCESSES:

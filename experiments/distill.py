@@ -2,7 +2,7 @@
 distilled students, with gen-PPL beside entropy, NFE, wall time and tokens/s.
 
     python experiments/distill.py --gaussian-teacher G.safetensors --masked-teacher M.safetensors \
-        --minutes 8 --out docs/distillation
+        --minutes 8 --out docs/results/distillation
 
 Per process: distil through the real CLI (``cdlm-train module=distill_progressive|distill_sdtt
 teacher=...``, ``--minutes`` of wall clock split over the rounds, each round's student kept),
@@ -405,7 +405,7 @@ def main() -> None:
     parser.add_argument("--likelihood-sequences", type=int, default=64)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--runs", default="outputs/distill")
-    parser.add_argument("--out", default="docs/distillation")
+    parser.add_argument("--out", default="docs/results/distillation")
     parser.add_argument("--train-override", action="append", default=[])
     parser.add_argument("--teacher-steps", default=",".join(map(str, TEACHER_STEPS)))
     parser.add_argument("--render", action="store_true", help="rewrite <out>.md from <out>.json")

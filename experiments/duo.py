@@ -1,6 +1,6 @@
-"""Duo's measurement (issue 40): docs/duo.md and docs/duo.json from one run.
+"""Duo's measurement (issue 40): docs/results/duo.md and docs/results/duo.json from one run.
 
-    python experiments/duo.py --runs outputs/duo --out docs/duo                   # ~75 min
+    python experiments/duo.py --runs outputs/duo --out docs/results/duo                   # ~75 min
     python experiments/duo.py --quick --runs /tmp/duo --out /tmp/duo              # ~5 min smoke
 
 Rows: masked, uniform, uniform with Duo's Gaussian curriculum, gaussian and AR, each trained by
@@ -375,7 +375,7 @@ def with_prose(path: Path, generated: str, script: str = "experiments/duo.py") -
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=Path, default=Path("outputs/duo"))
-    p.add_argument("--out", type=Path, default=Path("docs/duo"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/duo"))
     p.add_argument("--minutes", type=float, default=10.0, help="Austen budget per row")
     p.add_argument("--world-minutes", type=float, default=4.0)
     p.add_argument("--jobs", type=int, default=2)

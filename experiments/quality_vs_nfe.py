@@ -17,7 +17,7 @@ seed. Per run it records NFE, wall seconds and:
     EOS as line breaks) under the external scorer (``cdlm.evaluation.quality``, SmolLM2-135M by
     default), with the unigram entropy beside it; real val text of the same length is the
     reference line.
-Writes docs/quality_vs_nfe.json and docs/quality_vs_nfe.png.
+Writes docs/results/quality_vs_nfe.json and docs/results/quality_vs_nfe.png.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from cdlm.samplers import (  # noqa: E402
     sample_heun,
 )
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
 RUNS = [  # (label, sampler, grid, steps, options)
     *[("ddpm", sample_ddpm, "uniform", n, {}) for n in (10, 25, 50, 100, 250)],
     *[("euler_maruyama", sample_euler_maruyama, "uniform", n, {}) for n in (10, 25, 50, 100, 250)],

@@ -3,7 +3,7 @@
 with no, prefix and dual cache.
 
     python experiments/speed.py --ar A.safetensors --block B4.safetensors --masked M.safetensors \
-        [--sdtt S4=S.safetensors] --out docs/speed
+        [--sdtt S4=S.safetensors] --out docs/results/speed
 
 Every row: tokens/s on new tokens (min/median/max over timed runs after a warm-up), NFE,
 positions processed, the row's own peak memory, time to the first token and to the first stable
@@ -262,7 +262,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--likelihood-sequences", type=int, default=128)
     parser.add_argument("--data", help="the models' corpus (default: the bundled one)")
-    parser.add_argument("--out", default="docs/speed")
+    parser.add_argument("--out", default="docs/results/speed")
     args = parser.parse_args(argv)
     args.ckpts = {"ar": args.ar, "masked": args.masked}
     for flag in ("block", "sdtt"):

@@ -1,5 +1,5 @@
 """Issue 25's measurement: every task on every model in one run (``cdlm.tasks``), written as
-docs/tasks.json ({"rows": [...]}) and the tables of docs/tasks.md's generated part.
+docs/results/tasks.json ({"rows": [...]}) and the tables of docs/results/tasks.md's generated part.
 
 Three model sets (experiments/train_task_models.sh): Austen (--model: infill, correct,
 constrain's text kinds, write), code (--code, with --code-data: infill, constrain's code kinds,
@@ -9,7 +9,7 @@ and gaussian with their own samplers at temperature 0 where they have one. Open 
 uses each process's default sampler at temperature 1.
 
 usage: python experiments/tasks.py --model ar-fim=PATH ... [--code KEY=PATH ... --code-data F]
-    [--plan KEY=PATH ... --plan-data F] [--only correct ...] --out docs/tasks
+    [--plan KEY=PATH ... --plan-data F] [--only correct ...] --out docs/results/tasks
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scorer", default="default", help="default | none | an HF causal LM")
-    parser.add_argument("--out", default="docs/tasks")
+    parser.add_argument("--out", default="docs/results/tasks")
     args = parser.parse_args()
     scorer = (
         None

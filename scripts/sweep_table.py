@@ -6,7 +6,7 @@ same way for every process). Jobs without a model card are listed as unfinished.
     python scripts/sweep_table.py multirun/sweep_quickstart/2025-01-01_12-00-00
 
 writes ``sweep_table.md`` and ``sweep_table.csv`` into that folder (atomically) and prints the
-markdown (docs/sweeps.md).
+markdown (docs/guide/sweeps.md).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def test_recipe_of_reads_the_run_overrides(tmp_path):
 
 @pytest.mark.parametrize("name", ["continuous", "distillation"])
 def test_the_shipped_tables_carry_the_fields_a_reader_compares(name):
-    rows = json.loads((ROOT / "docs" / f"{name}.json").read_text())["rows"]
+    rows = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["rows"]
     needed = {"process", "recipe", "sampler", "steps", "temperature", "bits_per_token"}
     needed |= {"gen_ppl", "entropy"}
     assert rows and all(needed <= set(r) for r in rows)
