@@ -1,8 +1,8 @@
-"""Sweeps: Hydra launchers through the real CLI, the sweep configs, the sweep table, the W&B
+"""Sweeps: Hydra launchers through the real CLI, the sweep configs, their table (cdlm-table), the W&B
 sweep files as the agent runs them, and what a W&B run records (docs/guide/sweeps.md)."""
 
-import csv
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -35,26 +35,25 @@ def compose_train(*overrides: str):
         return compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
-def sweep_table(folder: Path) -> list[dict[str, str]]:
+def sweep_table(folder: Path) -> list[dict]:
+    """The multirun's rows as ``cdlm-table`` collects them (the console command, as users run it)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sweep_table.py"), str(folder)],
+        [sys.executable, "-m", "cdlm.cli.table", str(folder)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    with (folder / "sweep_table.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert result.stdout == (folder / "sweep_table.md").read_text()
-    return rows
+    assert result.stdout == (folder / "table.md").read_text()
+    return json.loads((folder / "table.json").read_text())["rows"]
 
 
-def check_rows(rows: list[dict[str, str]], processes: list[str]) -> None:
-    assert [r["process"] for r in rows] == processes
+def check_rows(rows: list[dict], processes: list[str]) -> None:
+    assert [r["varying"]["process"] for r in rows] == processes
     for row in rows:
-        assert row["status"] == "done" and int(row["steps"]) == 2
-        for key in ("val/loss", "val/bits_per_token", "final bits/token"):
-            assert math.isfinite(float(row[key])), (key, row)
+        assert row["status"] == "finished" and row["steps"] == 2
+        for key in ("val/loss", "val/bits_per_token", "final/bits_per_token"):
+            assert math.isfinite(row["metrics"][key]), (key, row)
 
 
 @pytest.mark.slow  # two training jobs in joblib workers: ~25 s; run by .ci/run's slow pass
@@ -77,8 +76,13 @@ def test_joblib_multirun_then_one_table(tiny_corpus, tmp_path):
         assert (sweep / job / ".cdlm.lock").is_file()
     assert not (sweep / ".cdlm.lock").exists()
     check_rows(sweep_table(sweep), ["masked", "autoregressive"])
-    table = (sweep / "sweep_table.md").read_text()
-    assert "| 0 | masked | 2 |" in table and "| 1 | autoregressive | 2 |" in table
+    table = (sweep / "table.md").read_text()
+    assert "| 0 | masked | finished | 2 |" in table
+    assert "| 1 | autoregressive | finished | 2 |" in table
+    assert all(
+        r["cost"]["parallel_jobs"] == 2
+        for r in json.loads((sweep / "table.json").read_text())["rows"]
+    )
 
 
 @pytest.mark.slow  # submitit's local executor: the code path of submitit_slurm, without SLURM

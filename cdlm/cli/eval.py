@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -26,6 +28,7 @@ from cdlm.cli.common import (
 from cdlm.evaluation import metric, report
 from cdlm.evaluation.quality import SCORER_INSTALL
 from cdlm.io import atomic_write_text
+from cdlm.run import record
 from cdlm.samplers.grids import GRIDS
 from cdlm.tasks import suite
 from cdlm.validation import (
@@ -68,9 +71,19 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     validate_model_and_output(cfg)
 
 
+def job_folder() -> Path | None:
+    """This job's own folder in a multirun (``cdlm-eval -m``), where its report and ``run.json``
+    go; None for a single run, whose report goes beside the model."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
 def report_path(cfg: DictConfig, name: str) -> Path:
     process = (cfg.get("process") or {}).get("_target_")
     path = Path(cfg.out) if cfg.out else report.default_path(str(cfg.ckpt), name, process)
+    if not cfg.out and (job := job_folder()) is not None:  # every job its own report
+        path = job / path.name
     if not cfg.out:
         print(f"cdlm-eval: the report goes to {path} (out=FILE to choose)", file=sys.stderr)
     return path
@@ -86,7 +99,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
         measure = instantiate(cfg.metric)
     sampler = instantiate(cfg.get("sampler"))
     device = resolve_device(cfg.device)
-    measured = measure(metric.load(cfg.ckpt, device, cfg.steps, sampler, model_options(cfg)), cfg)
+    with record.measured(record.launcher_jobs()) as cost:
+        model = metric.load(cfg.ckpt, device, cfg.steps, sampler, model_options(cfg))
+        measured = measure(model, cfg)
     print(measured.summary)
     path = report_path(cfg, measured.name)
     atomic_write_text(path, json.dumps(measured.result, indent=2) + "\n")
@@ -100,6 +115,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     if cfg.wandb and measured.log:
         default_wandb_mode()
         measured.log()
+    if (job := job_folder()) is not None:  # what cdlm-table reads of a multirun's job
+        overrides = list(HydraConfig.get().overrides.task)
+        done = record.Record("cdlm-eval", overrides, cost, commit=record.commit())
+        record.write(job, done)
 
 
 def command() -> str:

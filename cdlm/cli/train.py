@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cdlm.cli.common import default_wandb_mode, hydra_args, run
 from cdlm.data.datamodule import FORMATS
+from cdlm.run import record
 from cdlm.run.build import setup
 from cdlm.run.folder import claim, discard_if_unused, hold, resume_point
 from cdlm.training.guard import Diverged
@@ -130,9 +131,24 @@ def validate_module(cfg: DictConfig) -> None:
     )
 
 
+def finished_here(cfg: DictConfig, folder: Path) -> bool:
+    """``resume=auto`` on a folder whose run finished with these same overrides (its
+    ``run.json``): nothing is left to do, so a rerun of a study skips the job. With other
+    overrides (a longer budget, say) it resumes from the newest checkpoint as before."""
+    done = record.read(folder) if cfg.resume == "auto" else None
+    if done is None or sorted(done.overrides) != sorted(HydraConfig.get().overrides.task):
+        return False
+    print(
+        f"cdlm-train: resume=auto: {folder} holds this run, finished ({done.steps} steps); skipped"
+    )
+    return True
+
+
 def train(cfg: DictConfig) -> None:
     folder = Path(HydraConfig.get().runtime.output_dir)
     with hold(folder):  # held since main() when the folder was known up front
+        if finished_here(cfg, folder):
+            return
         with discard_if_unused(folder):
             validate_module(cfg)
             default_wandb_mode()
@@ -147,10 +163,22 @@ def train(cfg: DictConfig) -> None:
                 "fresh (resume=auto continues the run of the same hydra.run.dir)"
             )
         try:
-            training.trainer.fit(training.module, datamodule=training.data, ckpt_path=resume.ckpt)
+            with record.measured(record.launcher_jobs()) as cost:
+                training.trainer.fit(
+                    training.module, datamodule=training.data, ckpt_path=resume.ckpt
+                )
         except Diverged as e:  # not bad input: exit status 1
             print(f"cdlm-train: error: {e}", file=sys.stderr)
             sys.exit(1)
+        if training.trainer.is_global_zero and not training.trainer.interrupted:
+            done = record.Record(
+                command="cdlm-train",
+                overrides=list(HydraConfig.get().overrides.task),
+                cost=cost,
+                commit=record.commit(),
+                steps=training.trainer.global_step,
+            )
+            record.write(folder, done)
 
 
 def main() -> None:

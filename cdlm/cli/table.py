@@ -1,0 +1,48 @@
+"""``cdlm-table FOLDER [FOLDER ...]``: one table of every ``cdlm-train`` and ``cdlm-eval`` job
+under the folders (a multirun's ``hydra.sweep.dir``, or any folder of runs): a row per job with
+its overrides, metrics, steps, cost and commit (``cdlm.run.table``). Writes ``table.json`` and
+``table.md`` (``--out PREFIX`` to choose; default: inside the first folder) and prints the
+markdown.
+
+    cdlm-train -m hydra/launcher=joblib experiment=sweep_quickstart hydra.sweep.dir=multirun/q
+    cdlm-table multirun/q
+    cdlm-table multirun/q --metrics val/bits_per_token final/bits_per_token
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cdlm.cli.common import fail
+from cdlm.io import atomic_write_text
+from cdlm.run.table import collect, markdown
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="cdlm-table",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("folders", type=Path, nargs="+", help="multirun or run folders")
+    parser.add_argument("--out", type=Path, help="PREFIX: writes PREFIX.json and PREFIX.md")
+    parser.add_argument("--metrics", nargs="+", help="the metrics the markdown shows (JSON: all)")
+    args = parser.parse_args(argv)
+    missing = [str(f) for f in args.folders if not f.is_dir()]
+    if missing:
+        fail("cdlm-table", f"no such folder: {', '.join(missing)}")
+    try:
+        table = collect(args.folders)
+    except FileNotFoundError as e:
+        fail("cdlm-table", str(e))
+    prefix = args.out or args.folders[0] / "table"
+    text = markdown(table, args.metrics)
+    atomic_write_text(prefix.with_name(prefix.name + ".json"), json.dumps(table, indent=2) + "\n")
+    atomic_write_text(prefix.with_name(prefix.name + ".md"), text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
