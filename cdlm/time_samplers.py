@@ -80,7 +80,7 @@ class Curriculum(TimeSampler):
     most 15% masked, Devlin et al. 2019), where every masked token has most of its context, and
     ends on the full MDLM objective. A masked model trained on t ~ U(0, 1) from scratch sits on the
     unigram plateau for hundreds of steps; a low mask rate gets it using context in ~150 (see
-    docs/budget.md). ``cdlm.training.phases.Phases`` sets the budget share before every training
+    docs/results/historical/budget.md). ``cdlm.training.phases.Phases`` sets the budget share before every training
     batch (so a resumed run continues the ramp); it is not part of the model file.
     """
 

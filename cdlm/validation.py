@@ -1,5 +1,5 @@
 """Options checked before any work, each refused in one line that names the key, what it takes and
-the value given (docs/reliability.md).
+the value given (docs/guide/reliability.md).
 
 An entry point lists its options as a table of rules (key -> ``Number``, ``Choice`` or ``Flag``)
 and checks it with ``check``; a rule between keys stays a ``require`` beside the table. Hydra

@@ -1,6 +1,6 @@
 """A world as a cdlm model: a process over the world's exact posterior (``OracleNetwork``), so
 that every sampler runs on the exact denoiser (``ckpt=world:<name> process=...``;
-docs/worlds.md)."""
+docs/guide/worlds.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """AR, masked and gaussian under the same wall-clock training budget on this machine, one run.
 
-    python experiments/budget.py --minutes 10 --out docs/budget
+    python experiments/budget.py --minutes 10 --out docs/results/historical/budget
 
 Each recipe trains through the real CLI (``cdlm-train experiment=quickstart process=...``) with
 ``trainer.max_time`` set to the budget; a recipe with stages (e.g. AR pre-training, then masked
@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument(
         "--likelihood-draws", type=int, default=8, help="noise draws averaged in each val bound"
     )
-    parser.add_argument("--out", default="docs/budget")
+    parser.add_argument("--out", default="docs/results/historical/budget")
     parser.add_argument("--runs", default="outputs/budget")
     parser.add_argument("--skip-training", action="store_true", help="evaluate existing runs")
     parser.add_argument("--train-only", action="store_true", help="train, evaluate later")

@@ -1,11 +1,11 @@
-"""Issue 41's measurement: prompt→response training, docs/conditional.md and .json from one run.
+"""Issue 41's measurement: prompt→response training, docs/results/conditional.md and .json from one run.
 
-    python experiments/conditional.py --runs /work/runs/conditional --out docs/conditional
+    python experiments/conditional.py --runs /work/runs/conditional --out docs/results/conditional
     python experiments/conditional.py --quick --runs /tmp/cond --out /tmp/cond/doc   # smoke
 
 Rows:
 1. Plan puzzles (Sudoku, Countdown from ``scripts/plan_data.py``, one shuffled set): AR and
-   masked, each trained on whole lines (one puzzle line per sequence, docs/tasks.md's plan set)
+   masked, each trained on whole lines (one puzzle line per sequence, docs/results/tasks.md's plan set)
    and on prompt→answer pairs (``data.format=pairs``: the puzzle as prompt, its solution as
    response), all at one optimizer-step budget. Scored on the same held-out puzzles (drawn by
    ``--seed`` from the validation split both formats share) by ``task=plan``'s checker: solve
@@ -48,7 +48,7 @@ PLAN_ROWS = {
     "masked, whole line": ("masked", "text"),
     "masked, prompt→answer": ("masked", "pairs"),
 }
-DROPOUTS = (0.0, 0.1)  # docs/conditioning.md's label dropout default, for the prompt
+DROPOUTS = (0.0, 0.1)  # docs/guide/conditioning.md's label dropout default, for the prompt
 SCALES = (0.0, 1.0, 2.0, 4.0)
 RESPONSE_WORDS = 48  # Austen responses up to this many words: one fits a 128-token row
 CONTINUATION = 64  # tokens of the blank after each held-out prompt
@@ -440,7 +440,7 @@ def write_report(rows: list[dict], todo: list[dict], state: dict, args) -> None:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=Path, default=Path("outputs/conditional"))
-    p.add_argument("--out", type=Path, default=Path("docs/conditional"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/conditional"))
     p.add_argument("--plan-steps", type=int, default=300)
     p.add_argument("--austen-steps", type=int, default=200)
     p.add_argument("--jobs", type=int, default=3, help="runs at a time, one CPU thread each")

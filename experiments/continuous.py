@@ -1,7 +1,7 @@
-"""The continuous-process recipes of docs/continuous.md against masked and AR, same budget, one run.
+"""The continuous-process recipes of docs/results/continuous.md against masked and AR, same budget, one run.
 
     python experiments/continuous.py --train --minutes 10 --jobs 2   # the Hydra multirun
-    python experiments/continuous.py --out docs/continuous            # evaluate those runs
+    python experiments/continuous.py --out docs/results/continuous            # evaluate those runs
 
 Training is the toolkit's own sweep path: one ``cdlm-train -m experiment=quickstart
 recipe=a,b,... hydra/launcher=joblib`` multirun over the rows of ``conf/recipe/`` (each a piece
@@ -331,7 +331,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the training seed: a replicate")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--runs", default="outputs/continuous/runs")
-    parser.add_argument("--out", default="docs/continuous")
+    parser.add_argument("--out", default="docs/results/continuous")
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--likelihood-sequences", type=int, default=32)
     parser.add_argument("--likelihood-draws", type=int, default=2)

@@ -1,6 +1,6 @@
-"""Every sampler on the exact denoiser of known worlds: docs/worlds.md and docs/worlds.json.
+"""Every sampler on the exact denoiser of known worlds: docs/results/worlds.md and docs/results/worlds.json.
 
-    python experiments/worlds.py --out docs/worlds            # the table (~30 min, 2 jobs)
+    python experiments/worlds.py --out docs/results/worlds            # the table (~30 min, 2 jobs)
     python experiments/worlds.py --quick --out /tmp/worlds    # a minute: fewer rows and samples
 
 Each world (``cdlm.worlds``: the Austen character chain at T = 128 and 256, the agreement world)
@@ -37,7 +37,7 @@ END = "<!-- end measured -->"  # prose after it survives regeneration
 GROUPS = ("token", "gaussian")  # each world's rows in two work units, the longest first
 FLOOR_REPEATS = 8  # exact sample sets behind each floor
 # label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout (the shifted
-# default cannot see a block's last token once it is revealed: docs/worlds.md)
+# default cannot see a block's last token once it is revealed: docs/results/worlds.md)
 PROCESSES = {
     "masked": ["process=masked"],
     "block": ["process=block"],
@@ -229,9 +229,9 @@ def predicted_disagreement(rows: list[dict], facts: dict) -> list[str]:
 
 
 def render(result: dict) -> str:
-    """docs/worlds.md's measured part, from the JSON."""
+    """docs/results/worlds.md's measured part, from the JSON."""
     lines = [
-        "<!-- measured: written by experiments/worlds.py from docs/worlds.json -->",
+        "<!-- measured: written by experiments/worlds.py from docs/results/worlds.json -->",
         "",
         f"One run: {result['wall_minutes']:.1f} minutes of wall clock, "
         f"{result['cpu_minutes']:.1f} CPU minutes, in {result['parallel_runs']} processes of one "
@@ -275,7 +275,7 @@ def render(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/worlds", help="writes OUT.json and OUT.md")
+    parser.add_argument("--out", default="docs/results/worlds", help="writes OUT.json and OUT.md")
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--jobs", type=int, default=2, help="worlds in parallel, 1 thread each")
     parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")

@@ -1,6 +1,6 @@
-"""Learned models in exact worlds (issue 39): docs/worlds_learned.md and .json from one run.
+"""Learned models in exact worlds (issue 39): docs/results/worlds_learned.md and .json from one run.
 
-    python experiments/worlds_learned.py --runs outputs/worlds_learned --out docs/worlds_learned
+    python experiments/worlds_learned.py --runs outputs/worlds_learned --out docs/results/worlds_learned
     python experiments/worlds_learned.py --quick --runs /tmp/wl --out /tmp/wl      # a smoke run
 
 AR, masked, block (``experiment=block_quickstart``: its AR phase, then block size 4, in the
@@ -41,7 +41,7 @@ MODELS: dict[str, tuple[str, list[str]]] = {
     "masked": ("masked", ["experiment=quickstart", "process=masked"]),
     "gaussian": ("gaussian", ["experiment=quickstart", "process=gaussian"]),
 }
-# the gaussian levers, on the character world only (docs/levers.md)
+# the gaussian levers, on the character world only (docs/guide/levers.md)
 LEVERS: dict[str, tuple[str, list[str]]] = {
     "gaussian+self_cond": (
         "gaussian",
@@ -163,7 +163,7 @@ def cross_runs(runs: Path, quick: bool, steps: int | None) -> list[tuple[str, in
 
 
 def austen_one(job: tuple[str, Path]) -> dict:
-    """One Austen quickstart run, then its samples scored as docs/duo.md scores them (gen-PPL
+    """One Austen quickstart run, then its samples scored as docs/results/duo.md scores them (gen-PPL
     under SmolLM2-135M beside entropy, a temperature frontier at 8 steps)."""
     label, run_dir = job
     minutes, overrides = AUSTEN[label]
@@ -208,7 +208,7 @@ def austen_bound(run_dir: Path) -> dict:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=Path, default=Path("outputs/worlds_learned"))
-    p.add_argument("--out", type=Path, default=Path("docs/worlds_learned"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/worlds_learned"))
     p.add_argument("--minutes", type=float, default=5.0, help="wall clock per trained model")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--samples", type=int, default=64, help="samples per sampler row")

@@ -188,7 +188,7 @@ def section(title: str, header: list[str], cells: list[list]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    """The measured section of docs/worlds_learned.md."""
+    """The measured section of docs/results/worlds_learned.md."""
     rows = report["rows"]
     lines = [f"<!-- measured: {report['command']} -->", ""]
     lines.append(f"Commits: {report['commits']}. {report['minutes']:g} minutes of wall clock per trained "

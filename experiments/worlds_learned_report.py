@@ -1,4 +1,4 @@
-"""docs/worlds_learned.{md,json,png} from experiments/worlds_learned.py's runs: the tables, the
+"""docs/results/worlds_learned.{md,json,png} from experiments/worlds_learned.py's runs: the tables, the
 validation curves, the data-constrained curves and every goal of issue 39, said plainly."""
 
 from __future__ import annotations

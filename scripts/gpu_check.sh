@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared check of cdlm on one CUDA GPU, sized for one 10-minute command (docs/gpu.md):
+# The prepared check of cdlm on one CUDA GPU, sized for one 10-minute command (docs/results/gpu.md):
 # install cdlm (after the carried wheels in .whl/), the tests marked cuda, the quickstart for
 # TRAIN_SECONDS at batch BATCH in bf16-mixed and its samples, AR / block / speculative decoding
 # timed at batch 1 and 16 on two models trained SPEED_TRAIN_SECONDS each, and STEPS steps under

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 39's data-constrained runs on one CUDA GPU (docs/worlds_learned.md): AR and masked on a
+# Issue 39's data-constrained runs on one CUDA GPU (docs/results/worlds_learned.md): AR and masked on a
 # fixed 50k- and 200k-token sample of the character world (AR 2,500 steps, masked 6,000),
 # JOBS at a time on the one GPU (PROCESSES: which of the two). Installs cdlm after the carried wheels (.whl/, scripts/gpu_wheels.sh) as
 # scripts/gpu_check.sh does; returns each run's metrics.csv and cost record in $OUT/curves.tgz. Run

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads into .whl/ the wheels that cdlm needs on the H200 machine and that its image lacks
-# (docs/gpu.md): Hydra and its two dependencies. Every other dependency (torch, lightning,
+# (docs/results/gpu.md): Hydra and its two dependencies. Every other dependency (torch, lightning,
 # transformers, tokenizers, safetensors, scipy, numpy, pyyaml, packaging, pytest) is already
 # there; wandb is imported only by runs that log to W&B, and scripts/gpu_check.sh uses
 # logger=csv. Run once, here, in the repository root; .whl/ must be ignored by git

@@ -1,4 +1,4 @@
-"""Concurrent writers: two writers of one path never leave a torn file (docs/reliability.md).
+"""Concurrent writers: two writers of one path never leave a torn file (docs/guide/reliability.md).
 
 ``cdlm-sample out=``, ``cdlm-eval out=``, model export and the tokenizer cache all write through
 ``cdlm.io.atomic_path``. Two processes rewrite one file while a third reads it: every read is one

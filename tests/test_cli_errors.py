@@ -1,5 +1,5 @@
 """The fuzzed CLI: bad input to ``cdlm-train``, ``cdlm-sample`` and ``cdlm-eval`` gives one line
-on stderr, exit status 2, no traceback and no output file (docs/reliability.md).
+on stderr, exit status 2, no traceback and no output file (docs/guide/reliability.md).
 
 The entry points run in-process (a fresh interpreter costs seconds per case); one case also runs
 as a real subprocess, so the table's verdicts hold for the installed command too. Upper-case

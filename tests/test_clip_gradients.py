@@ -1,5 +1,5 @@
 """Gradient clipping by norm under FSDP goes through the sharded module's own clip_grad_norm_
-(Lightning's FSDP precision plugin refuses 'norm': seen on a GPU, docs/gpu.md); elsewhere it is
+(Lightning's FSDP precision plugin refuses 'norm': seen on a GPU, docs/results/gpu.md); elsewhere it is
 Lightning's clip_gradients."""
 
 from types import SimpleNamespace

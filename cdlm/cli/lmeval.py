@@ -2,7 +2,7 @@
 
 lm-eval 0.4.13 looks models up in its own registry only (no entry points), so its ``lm_eval``
 command cannot see cdlm's; this one imports the adapter (``cdlm.evaluation.lmeval``, which
-registers it) and hands every argument to lm-eval unchanged (docs/evaluation.md)."""
+registers it) and hands every argument to lm-eval unchanged (docs/guide/evaluation.md)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ class TextDataModule(RankedData):
             fixed shuffle of it, and a checkpoint records how far into the epoch training got, so
             a resumed run sees the batches the uninterrupted run would have (``data/order.py``).
         streaming: read ``path`` (a Hub dataset, or local json/jsonl/parquet/arrow files) as a
-            stream, never whole (docs/streaming.md). Then ``val_fraction`` is the share of
+            stream, never whole (docs/guide/streaming.md). Then ``val_fraction`` is the share of
             documents held out (by a hash of their text), ``val_sequences`` caps the validation
             set, the corpus BPE and unigram prior come from the first ``sample_documents``, and
             there are no labels.

@@ -40,7 +40,7 @@ def _judged_by_base(scorer: Scorer | None, model: Model) -> bool:
         print(
             f"cdlm-eval: warning: the scorer {scorer.name} is of the family of this model's base "
             f"({model.config['base']['name']}), which flatters its gen-PPL; an independent "
-            "scorer: scorer=gemma3_270m (docs/evaluation.md)",
+            "scorer: scorer=gemma3_270m (docs/guide/evaluation.md)",
             file=sys.stderr,
         )
     return judged

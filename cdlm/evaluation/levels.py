@@ -1,5 +1,5 @@
 """Denoising quality at a noise level, beside the no-context readout and the exact bigram
-denoiser: the numbers behind "does the model use context?" (docs/levers.md)."""
+denoiser: the numbers behind "does the model use context?" (docs/guide/levers.md)."""
 
 from __future__ import annotations
 

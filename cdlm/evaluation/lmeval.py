@@ -1,4 +1,4 @@
-"""A cdlm model as an lm-evaluation-harness model, registered as ``cdlm`` (docs/evaluation.md).
+"""A cdlm model as an lm-evaluation-harness model, registered as ``cdlm`` (docs/guide/evaluation.md).
 
 Python: ``lm_eval.simple_evaluate(model=CdlmLM(pretrained=...), tasks=[...])``, or
 ``model="cdlm"`` with ``model_args`` once this module is imported. Command line: lm-eval 0.4.13

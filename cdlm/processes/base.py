@@ -2,7 +2,7 @@
 
 A process owns its time draw, its corruption, its loss weight, its prior and its loss; training,
 distillation, samplers and evaluation only talk to it through the methods below (see
-``docs/architecture.md``). Its methods named like queries change no state: the training-time
+``docs/guide/architecture.md``). Its methods named like queries change no state: the training-time
 phase (``ar_phase``, set by ``cdlm.training.phases.Phases``) is read, never advanced, and the
 time sampler learns only through an explicit ``observe``.
 """

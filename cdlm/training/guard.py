@@ -1,4 +1,4 @@
-"""The NaN/inf guard: a bad batch costs one skipped step, not the run (docs/reliability.md).
+"""The NaN/inf guard: a bad batch costs one skipped step, not the run (docs/guide/reliability.md).
 
 A non-finite loss or gradient is skipped: the optimizer sees no gradient (AdamW then leaves the
 weights and its moments untouched), and the buffers the process learned from that batch's loss

@@ -47,7 +47,7 @@ def clip_gradients(
     algorithm: str | None,
 ) -> None:
     """``configure_gradient_clipping`` of both modules: Lightning's clipping, except by norm
-    under FSDP, whose precision plugin refuses it (seen on a GPU, docs/gpu.md); there the
+    under FSDP, whose precision plugin refuses it (seen on a GPU, docs/results/gpu.md); there the
     sharded root module clips the norm over all shards itself (``clip_grad_norm_``)."""
     if value and (algorithm or "norm") == "norm" and is_sharded(module.trainer):
         module.trainer.model.clip_grad_norm_(value)

@@ -1,4 +1,4 @@
-"""Checkpoints a killed run resumes from as if it had never stopped (docs/reliability.md).
+"""Checkpoints a killed run resumes from as if it had never stopped (docs/guide/reliability.md).
 
 Three pieces: ``Checkpoint`` writes Lightning checkpoints atomically (``AtomicCheckpointIO``),
 by step count and by wall clock as well as at validation, never with non-finite weights;

@@ -1,4 +1,4 @@
-"""Scale-out on Lightning's own strategies (``trainer=ddp|fsdp``, docs/scaling.md): the FSDP
+"""Scale-out on Lightning's own strategies (``trainer=ddp|fsdp``, docs/guide/scaling.md): the FSDP
 strategy with one shard unit per Transformer block, the whole model out of a sharded run (for
 the export, the model card and sample logging), and the batch a run trains with."""
 

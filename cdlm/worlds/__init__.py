@@ -1,6 +1,6 @@
 """Exact worlds: languages whose likelihood, entropy and posteriors are known exactly, named by
 the files of conf/world/ (``world:<name>`` wherever a checkpoint or data set is expected;
-docs/worlds.md)."""
+docs/guide/worlds.md)."""
 
 from __future__ import annotations
 
