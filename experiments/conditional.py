@@ -5,7 +5,7 @@
 
 Rows:
 1. Plan puzzles (Sudoku, Countdown from ``scripts/plan_data.py``, one shuffled set): AR and
-   masked, each trained on whole lines (one puzzle line per sequence, docs/results/tasks.md's plan set)
+   masked, each trained on whole lines (one puzzle line per sequence, docs/results/historical/tasks.md's plan set)
    and on prompt→answer pairs (``data.format=pairs``: the puzzle as prompt, its solution as
    response), all at one optimizer-step budget. Scored on the same held-out puzzles (drawn by
    ``--seed`` from the validation split both formats share) by ``task=plan``'s checker: solve

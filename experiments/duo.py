@@ -326,6 +326,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="models evaluated at a time")
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--likelihood-sequences", type=int, default=64)
+    p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -359,7 +360,7 @@ def main() -> None:
         "python experiments/duo.py " + " ".join(map(str, args.sweeps)),
     ]
     path = study.write("duo", "Duo: uniform-state diffusion, measured", markdown(report), report,
-                       commands, found)  # fmt: skip
+                       commands, found, args.results)  # fmt: skip
     print(path.read_text())
 
 

@@ -163,6 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", type=Path, nargs="+", help="the study's sweep folders")
     parser.add_argument("--name", default="learning", help="docs/results/<name>.{md,json,png}")
+    parser.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     args = parser.parse_args()
     found = study.table(*args.sweeps)
     rows = [got for row in study.rows(found) if (got := job(row)) is not None]

@@ -92,24 +92,34 @@ def machine() -> str:
 
 
 def header(commands: Sequence[str], used: Sequence[str], jobs: int) -> str:
-    """A results doc's generated header (the docs/README.md convention)."""
-    lines = ["> Regenerate:", ">", "> ```bash", *(f"> {c}" for c in commands), "> ```", ">"]
-    lines += [
-        f"> Commits: {', '.join(c[:12] for c in used) or 'not recorded'} · "
-        f"date: {datetime.date.today().isoformat()} · machine: {machine()} · "
-        f"jobs sharing it: {jobs}",
-        "",
-    ]
-    return "\n".join(lines)
+    """A results doc's generated header: the fields tests/test_docs_index.py requires."""
+    command = "".join(f"\n  `{c}`" for c in commands)
+    return "\n".join(
+        [
+            f"- **Command:**{command}",
+            f"- **Commits:** {', '.join(f'`{c[:12]}`' for c in used) or 'not recorded'}",
+            f"- **Date:** {datetime.date.today().isoformat()}",
+            f"- **Machine:** {machine()}; at most {jobs} job(s) shared it at once",
+            "",
+        ]
+    )
 
 
 def write(
-    name: str, title: str, body: str, payload: dict, commands: Sequence[str], found: dict
+    name: str,
+    title: str,
+    body: str,
+    payload: dict,
+    commands: Sequence[str],
+    found: dict,
+    folder: Path = RESULTS,
 ) -> Path:
-    """``docs/results/<name>.md`` (title, generated header, body) and ``<name>.json`` (the
-    payload with the command, commits, date and machine), written atomically."""
+    """``<folder>/<name>.md`` (title, generated header, body, then the reading kept from the
+    last version after ``END``) and ``<name>.json`` (the payload with the command, commits,
+    date and machine), written atomically; ``folder`` is docs/results/ unless a smoke run
+    says otherwise."""
     used, jobs = commits(found), parallel_jobs(found)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     record = {
         "command": " && ".join(commands),
         "commits": used,
@@ -117,8 +127,8 @@ def write(
         "machine": machine(),
         "parallel_jobs": jobs,
     }
-    atomic_write_text(RESULTS / f"{name}.json", json.dumps(record | payload, indent=2) + "\n")
-    path = RESULTS / f"{name}.md"
+    atomic_write_text(folder / f"{name}.json", json.dumps(record | payload, indent=2) + "\n")
+    path = folder / f"{name}.md"
     old = path.read_text(encoding="utf-8") if path.is_file() else ""
     reading = old[old.index(END) + len(END) :] if END in old else "\n"
     text = f"# {title}\n\n{header(commands, used, jobs)}\n{body}\n{END}{reading}"

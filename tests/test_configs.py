@@ -77,7 +77,7 @@ def test_time_samplers_instantiate_inside_each_process(process, sampler):
     assert type(obj.time_sampler).__name__.lower().endswith(sampler.replace("_", ""))
 
 
-RECIPES = {  # what each conf/recipe row must change in the built process (docs/results/continuous.md)
+RECIPES = {  # what each conf/recipe row must change in the built process (docs/results/historical/continuous.md)
     "today": ("GaussianProcess", "Warped", 1.0, []),
     "shared": ("GaussianProcess", "Warped", 0.5, []),
     "logit_normal": ("GaussianProcess", "LogitNormal", 1.0, []),
@@ -293,7 +293,7 @@ def test_the_block_quickstart_recipe_is_an_ar_phase_then_complementary_block_ada
 
 
 def test_the_gaussian_default_is_the_recipe_docs_continuous_chose():
-    # docs/results/continuous.md chose recipe=logit_normal for the quickstart by measurement
+    # docs/results/historical/continuous.md chose recipe=logit_normal for the quickstart by measurement
     default, chosen = compose_train(), compose_train("recipe=logit_normal")
     for key in ("process", "phases"):
         assert OmegaConf.to_container(default[key]) == OmegaConf.to_container(chosen[key])

@@ -1,4 +1,4 @@
-"""The pieces of the continuous recipe (docs/results/continuous.md): proposals over noise levels with
+"""The pieces of the continuous recipe (docs/results/historical/continuous.md): proposals over noise levels with
 exact densities, the x0 head and preconditioning skip, self-conditioning guidance, the
 consistency sampler, and distillation rounds with the original teacher and per-round EMA."""
 
