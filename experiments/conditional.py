@@ -1,16 +1,17 @@
-"""Issue 41's measurement: prompt→response training, docs/results/conditional.md and .json from one run.
+"""Issue 41's measurement: prompt→response training, docs/results/conditional.{md,json}.
 
-    python experiments/conditional.py --runs /work/runs/conditional --out docs/results/conditional
-    python experiments/conditional.py --quick --runs /tmp/cond --out /tmp/cond/doc   # smoke
+    python experiments/conditional.py data multirun/conditional_data       # the puzzle files
+    cdlm-train -m experiment=conditional_plan hydra/launcher=joblib hydra.launcher.n_jobs=2
+    cdlm-train -m experiment=conditional_austen hydra/launcher=joblib hydra.launcher.n_jobs=2
+    python experiments/conditional.py report multirun/conditional_plan multirun/conditional_austen
 
-Rows:
+Rows (conf/experiment/conditional_*.yaml):
 1. Plan puzzles (Sudoku, Countdown from ``scripts/plan_data.py``, one shuffled set): AR and
-   masked, each trained on whole lines (one puzzle line per sequence, docs/results/historical/tasks.md's plan set)
-   and on prompt→answer pairs (``data.format=pairs``: the puzzle as prompt, its solution as
-   response), all at one optimizer-step budget. Scored on the same held-out puzzles (drawn by
-   ``--seed`` from the validation split both formats share) by ``task=plan``'s checker: solve
-   rate and cells correct; masked decodes greedily by confidence, AR at T = 0 (experiments/
-   tasks.py's greedy samplers and steps).
+   masked, each trained on whole lines (one puzzle line per sequence) and on prompt→answer pairs
+   (``data.format=pairs``: the puzzle as prompt, its solution as response), all at one
+   optimizer-step budget. Scored on the same held-out puzzles (drawn by ``--seed`` from the
+   validation split both formats share) by ``task=plan``'s checker: solve rate and cells
+   correct; masked decodes greedily by confidence, AR at T = 0.
 2. Prompt guidance with and without prompt dropout: a masked model on Austen "previous paragraph
    → next paragraph" pairs (the novels' training split; held-out prompts from the validation
    split), trained at ``condition.prompt_dropout`` 0 and 0.1. At guidance scales 0, 1, 2, 4
@@ -19,9 +20,7 @@ Rows:
    dependence: the scorer's NLL per token of a continuation after a shuffled prompt (another
    row's) minus after its own, mean ± SE over prompts.
 
-Phases (``--phases data,train,evaluate``) reuse what an earlier run finished (training runs by
-their ``duo_run.json`` record, evaluated models by their JSON), so a run can be resumed; each
-phase's commit is recorded.
+Each model is evaluated once, in a child process of its own, its rows cached.
 """
 
 from __future__ import annotations
@@ -34,31 +33,23 @@ import random
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from budget import last_step
-from duo import commit, fmt, run_once, with_prose
+import study
 
-EXPERIMENTS = Path(__file__).resolve().parent
-# row -> (process, data format); plan rows share one shuffled puzzle set in two files
-PLAN_ROWS = {
-    "ar, whole line": ("autoregressive", "text"),
-    "ar, prompt→answer": ("autoregressive", "pairs"),
-    "masked, whole line": ("masked", "text"),
-    "masked, prompt→answer": ("masked", "pairs"),
-}
+ROOT = Path(__file__).resolve().parents[1]
 DROPOUTS = (0.0, 0.1)  # docs/guide/conditioning.md's label dropout default, for the prompt
 SCALES = (0.0, 1.0, 2.0, 4.0)
 RESPONSE_WORDS = 48  # Austen responses up to this many words: one fits a 128-token row
 CONTINUATION = 64  # tokens of the blank after each held-out prompt
 PROMPT_TOKENS = 128 - CONTINUATION
 VAL_SHARE = 0.02  # data.val_fraction's default: the held-out end of each novel
-# a small model for every row: on 2 CPU cores shared with other work the quickstart network
-# (7.7M parameters) reached ~3 optimizer steps a minute on Austen pairs, too few for the budget
-SMALL = ["network.d_model=128", "network.n_layers=2", "network.n_heads=4"]
-AUSTEN_VOCAB = 2048  # the Austen BPE: its readout is most of a small model's step
-END = "<!-- end measured -->"
+# the greedy decoding of task=plan (as docs/results/historical/tasks.md decoded it)
+GREEDY = {
+    "autoregressive": ("ar", {"temperature": 0.0, "stop_at_eos": False}),
+    "masked": ("confidence", {"stop_at_eos": False}),
+}
+PLAN_STEPS = 64  # a Sudoku answer is at most 40 tokens: one or more decided per step
 
 
 def slug(name: str) -> str:
@@ -90,50 +81,26 @@ def austen_pairs(folder: Path, quick: bool) -> dict[str, Path]:
 
 
 def make_data(folder: Path, quick: bool) -> None:
+    """The study's data: one shuffled puzzle set as whole lines (``plan.text``) and as
+    prompt→answer pairs (``plan.pairs``), and the Austen paragraph pairs."""
     folder.mkdir(parents=True, exist_ok=True)
     count = ["--count", "300"] if quick else []
-    for out, kind in (("plan.txt", "text"), ("plan.jsonl", "pairs")):
-        if not (folder / out).is_file():
-            script = str(EXPERIMENTS / "plan_data.py")
-            cmd = [sys.executable, script, str(folder / out), "--format", kind, *count]
+    for kind in ("text", "pairs"):
+        if not (folder / f"plan.{kind}").is_file():
+            script = str(ROOT / "scripts" / "plan_data.py")
+            cmd = [sys.executable, script, str(folder / f"plan.{kind}"), "--format", kind, *count]
             subprocess.run(cmd, check=True)
     if not (folder / "austen_held.jsonl").is_file():
         austen_pairs(folder, quick)
 
 
-def jobs(args: argparse.Namespace) -> list[dict]:
-    """Every training run: its row, run folder and ``cdlm-train`` overrides."""
-    data, out = args.runs / "data", []
-    common = ["experiment=quickstart", "lr_scheduler=warmup_cosine", "trainer.max_time=null"]
-    common += ["logger=csv", "seed=0", "+trainer.enable_progress_bar=false"]
-    if args.quick:
-        common += ["network.d_model=32", "network.n_layers=1", "network.n_heads=2"]
-        common += ["data.batch_size=4", "callbacks.model_folder.bound_sequences=0"]
-    else:
-        common += SMALL
-    for name, (process, kind) in PLAN_ROWS.items():
-        path = data / ("plan.jsonl" if kind == "pairs" else "plan.txt")
-        extra = ["data.format=pairs"] if kind == "pairs" else ["data.packing=false"]
-        out.append({"set": "plan", "name": name, "steps": args.plan_steps,
-                    "overrides": [f"process={process}", f"data.path={path}",
-                                  "data.vocab_size=512", *extra]})  # fmt: skip
-    for p in DROPOUTS:
-        out.append({"set": "austen", "name": f"masked, prompt dropout {p:g}",
-                    "steps": args.austen_steps,
-                    "overrides": ["process=masked", "data.format=pairs",
-                                  f"data.path={data / 'austen_pairs.jsonl'}",
-                                  f"condition.prompt_dropout={p}",
-                                  f"data.vocab_size={AUSTEN_VOCAB}"]})  # fmt: skip
-    for job in out:
-        job["dir"] = str(args.runs / job["set"] / slug(job["name"]))
-        job["overrides"] = [*common, *job["overrides"], f"trainer.max_steps={job['steps']}",
-                            f"trainer.val_check_interval={max(1, job['steps'] // 4)}",
-                            f"hydra.run.dir={job['dir']}"]  # fmt: skip
-    return out
-
-
-def train_one(job: dict) -> dict:
-    return run_once(job["overrides"], Path(job["dir"]))
+def name_of(row: dict) -> tuple[str, str]:
+    """(set, row name) of a training job, from its overrides."""
+    o = row["overrides"]
+    if o.get("experiment") == "conditional_austen":
+        return "austen", f"masked, prompt dropout {float(o.get('condition.prompt_dropout', 0)):g}"
+    process = {"autoregressive": "ar"}.get(o["process"], o["process"])
+    return "plan", f"{process}, {'prompt→answer' if o['data.format'] == 'pairs' else 'whole line'}"
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -160,14 +127,12 @@ def held_puzzles(path: Path, per_game: int, seed: int) -> list:
 def plan_rows(model, args: argparse.Namespace) -> list[dict]:
     """task=plan's checker on the held-out puzzles, decoded as experiments/tasks.py decodes
     them; solve rate and cells correct with their standard errors over puzzles."""
-    from tasks import GREEDY, PLAN_STEPS
-
     from cdlm.generation import named_sampler
     from cdlm.tasks import games
 
-    puzzles = held_puzzles(args.runs / "data" / "plan.txt", args.puzzles, args.seed)
+    puzzles = held_puzzles(args.data / "plan.text", args.puzzles, args.seed)
     kind = model.process.kind
-    name, options, _ = GREEDY[kind]
+    name, options = GREEDY[kind]
     steps = 1 if kind == "autoregressive" else PLAN_STEPS
     rows = games.run(model, named_sampler(name, **options), puzzles, steps=steps, seed=args.seed)
     for row in rows:
@@ -248,7 +213,7 @@ def austen_rows(model, job: dict, args: argparse.Namespace, scorer) -> list[dict
     from cdlm.tasks.passages import word_ids
     from cdlm.tasks.runs import canvas
 
-    lines = (args.runs / "data" / "austen_held.jsonl").read_text().splitlines()
+    lines = (args.data / "austen_held.jsonl").read_text().splitlines()
     held = [json.loads(line) for line in lines]
     picked = random.Random(args.seed).sample(held, min(args.prompts, len(held)))
     tok, fill, eos = model.tokenizer, fill_id(model.tokenizer), model.tokenizer.eos_token_id
@@ -277,7 +242,7 @@ def austen_rows(model, job: dict, args: argparse.Namespace, scorer) -> list[dict
         row |= continuation_scores(prompts, texts, outs, reference, scorer, args)
         row["example"] = {"prompt": prompts[0][-200:], "continuation": texts[0]}
         rows.append(row)
-        print(f"{job['name']} @ scale {scale:g}: {row}", flush=True)
+        print(f"{job['label']} @ scale {scale:g}: {row}", flush=True)
     return rows
 
 
@@ -287,39 +252,14 @@ def evaluate_model(job: dict, args: argparse.Namespace) -> list[dict]:
     from cdlm.model_file import load_model
 
     torch.set_num_threads(1)
-    model = load_model(str(Path(job["dir"]) / "model.safetensors"))
+    model = load_model(job["ckpt"])
     if job["set"] == "plan":
         rows = plan_rows(model, args)
     else:
         from cdlm.evaluation.quality import load_scorer
 
         rows = austen_rows(model, job, args, load_scorer(None))
-    return [{"set": job["set"], "model": job["name"]} | r for r in rows]
-
-
-def evaluate_all(todo: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time; a model
-    evaluated before is read back."""
-    folder = args.runs / "evaluated"
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def one(job: dict) -> list[dict]:
-        path = folder / f"{job['set']}-{slug(job['name'])}.json"
-        if not path.is_file():
-            cmd = [
-                sys.executable,
-                __file__,
-                "--evaluate-one",
-                json.dumps(job | {"result": str(path)}),
-            ]
-            cmd += ["--runs", str(args.runs), "--puzzles", str(args.puzzles)]
-            cmd += ["--prompts", str(args.prompts), "--seed", str(args.seed)]
-            cmd += ["--mauve-seeds", str(args.mauve_seeds)]
-            subprocess.run(cmd, check=True)
-        return json.loads(path.read_text())
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        return [r for rows in pool.map(one, todo) for r in rows]
+    return [{"set": job["set"], "model": job["label"]} | r for r in rows]
 
 
 def solved(rows: list[dict], model: str) -> tuple[int, int]:
@@ -368,19 +308,21 @@ def goals(plan: list[dict], austen: list[dict]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"<!-- measured: {report['command']} -->", ""]
-    commits = ", ".join(f"{phase} `{c[:7]}`" for phase, c in report["commits"].items())
-    lines.append(
-        f"Commits: {commits}. Plan rows {report['plan_steps']} optimizer steps each, "
-        f"Austen rows {report['austen_steps']}; {report['jobs']} runs at a time, one CPU thread "
-        f"each, on 2 cores shared with other work. Held-out: {report['puzzles']} puzzles per "
-        f"game, {report['prompts']} Austen prompts, seed {report['seed']}."
-    )
-    # wall clock only: launch's CPU time counts every child that ended while a run lasted, and
-    # with --jobs runs side by side those are the other runs' too
-    lines += ["", "### Training", "", "| set | row | steps | wall (min) |", "|---|---|---|---|"]
+    lines = [
+        f"Held-out: {report['puzzles']} puzzles per game, {report['prompts']} Austen prompts, "
+        f"seed {report['seed']}; each training job's steps and CPU time as `cdlm-table` reads them."
+    ]
+    lines += [
+        "",
+        "### Training",
+        "",
+        "| row | steps | CPU (min) | jobs at once |",
+        "|---|---|---|---|",
+    ]
     for t in report["training"]:
-        lines.append(f"| {t['set']} | {t['name']} | {t['steps']} | {t['wall_seconds'] / 60:.1f} |")
+        cost = t["cost"] or {}
+        cpu = study.fmt((cost.get("cpu_seconds") or math.nan) / 60, 1)
+        lines.append(f"| {t['name']} | {t['steps']} | {cpu} | {cost.get('parallel_jobs')} |")
     lines += ["", "### Plan: held-out puzzles (task=plan's checker)", "",
               "| row | game | sampler | steps | puzzles | solved | solve rate ± SE "
               "| cells correct ± SE |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -396,97 +338,72 @@ def markdown(report: dict) -> str:
     for r in report["austen"]:
         scale = "real text" if r["scale"] is None else f"{r['scale']:g}"
         lines.append(
-            f"| {r['model']} | {scale} | {fmt(r['nfe'], 0)} | {fmt(r['gen_ppl'], 0)} "
+            f"| {r['model']} | {scale} | {study.fmt(r['nfe'], 0)} | {study.fmt(r['gen_ppl'], 0)} "
             f"| {r['entropy']:.2f} | {r['mean_tokens']:.1f} | {r['empty']} "
             f"| {r['mauve']:.3f} ({r['mauve_min']:.3f}–{r['mauve_max']:.3f}) "
             f"| {r['dependence']:.3f} ± {r['dependence_se']:.3f} |"
         )
     lines += ["", "### Goals", "", *[f"- {g}" for g in report["goals"]]]
-    return "\n".join(lines) + "\n" + END + "\n"
-
-
-def write_report(rows: list[dict], todo: list[dict], state: dict, args) -> None:
-    from cdlm.io import atomic_write_text
-
-    training = []
-    for job in todo:
-        record = json.loads((Path(job["dir"]) / "duo_run.json").read_text())
-        training.append({"set": job["set"], "name": job["name"], "steps": last_step(Path(job["dir"])),
-                         "wall_seconds": record["wall_seconds"], "cpu_seconds": record["cpu_seconds"],
-                         "overrides": job["overrides"]})  # fmt: skip
-    plan = [r for r in rows if r["set"] == "plan"]
-    austen = [r for r in rows if r["set"] == "austen"]
-    report = {
-        "command": "experiments/conditional.py " + " ".join(sys.argv[1:]),
-        "commits": state["commits"],
-        "plan_steps": args.plan_steps,
-        "austen_steps": args.austen_steps,
-        "jobs": args.jobs,
-        "puzzles": args.puzzles,
-        "prompts": args.prompts,
-        "seed": args.seed,
-        "mauve_seeds": args.mauve_seeds,
-        "training": training,
-        "plan": plan,
-        "austen": austen,
-        "goals": goals(plan, austen),
-    }
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
-    md = args.out.with_suffix(".md")
-    atomic_write_text(md, with_prose(md, markdown(report), "experiments/conditional.py"))
-    print(markdown(report))
+    return "\n".join(lines) + "\n"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=Path, default=Path("outputs/conditional"))
-    p.add_argument("--out", type=Path, default=Path("docs/results/conditional"))
-    p.add_argument("--plan-steps", type=int, default=300)
-    p.add_argument("--austen-steps", type=int, default=200)
-    p.add_argument("--jobs", type=int, default=3, help="runs at a time, one CPU thread each")
+    p.add_argument("phase", choices=("data", "report"), nargs="?", default="report")
+    p.add_argument("folders", type=Path, nargs="*", help="data: its folder; report: the sweeps")
+    p.add_argument("--data", type=Path, default=Path("multirun/conditional_data"))
+    p.add_argument("--evaluated", type=Path, default=Path("multirun/conditional_evaluated"))
+    p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
+    p.add_argument("--jobs", type=int, default=2, help="models evaluated at a time")
     p.add_argument("--puzzles", type=int, default=64, help="held-out puzzles per game")
     p.add_argument("--prompts", type=int, default=32, help="held-out Austen prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mauve-seeds", type=int, default=5, help="k-means seeds of each MAUVE")
-    p.add_argument("--phases", default="data,train,evaluate")
-    p.add_argument("--quick", action="store_true", help="a smoke run: tiny models, 3 steps")
+    p.add_argument("--quick", action="store_true", help="data: a few puzzles and pairs")
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.plan_steps = args.austen_steps = 3
-        args.puzzles, args.prompts = 2, 4
-    args.runs = args.runs.resolve()
-    return args
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
 
 
 def main() -> None:
     args = parse()
-    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    if args.evaluate_one:  # a child of evaluate_all
-        job = json.loads(args.evaluate_one)
-        rows = evaluate_model(job, args)
-        Path(job["result"]).write_text(json.dumps(rows, indent=1) + "\n")
+    os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if args.evaluate_one:  # a child of study.evaluate_children
+        rows = evaluate_model(json.loads(args.evaluate_one), args)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
         return
-    phases = args.phases.split(",")
-    args.runs.mkdir(parents=True, exist_ok=True)
-    state_path = args.runs / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {"commits": {}}
-    if "data" in phases:
-        state["commits"]["data"] = commit()
-        make_data(args.runs / "data", args.quick)
-    todo = jobs(args)
-    if "train" in phases:
-        state["commits"]["train"] = commit()
-        state_path.write_text(json.dumps(state, indent=2) + "\n")
-        todo_sorted = sorted(todo, key=lambda j: j["set"] != "austen")  # the slowest first
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(train_one, todo_sorted))
-    state_path.write_text(json.dumps(state, indent=2) + "\n")
-    if "evaluate" not in phases:
+    if args.phase == "data":
+        make_data(args.folders[0] if args.folders else args.data, args.quick)
         return
-    state["commits"]["evaluate"] = commit()
-    state_path.write_text(json.dumps(state, indent=2) + "\n")
-    write_report(evaluate_all(todo, args), todo, state, args)
+    found = study.table(*args.folders)
+    specs = []
+    for row in study.rows(found):
+        kind, name = name_of(row)
+        ckpt = str(Path(row["folder"]) / "model.safetensors")
+        specs.append({"name": f"{kind}-{slug(name)}", "label": name, "set": kind, "ckpt": ckpt})
+    options = ["--data", str(args.data), "--puzzles", str(args.puzzles), "--seed", str(args.seed)]
+    options += ["--prompts", str(args.prompts), "--mauve-seeds", str(args.mauve_seeds)]
+    rows = study.evaluate_children(Path(__file__), specs, args.evaluated, args.jobs, options)
+    plan = [r for r in rows if r["set"] == "plan"]
+    austen = [r for r in rows if r["set"] == "austen"]
+    training = [
+        {"name": name_of(r)[1], "steps": r["steps"], "cost": r["cost"], "job": r["folder"]}
+        for r in study.rows(found)
+    ]
+    report = {"puzzles": args.puzzles, "prompts": args.prompts, "seed": args.seed,
+              "mauve_seeds": args.mauve_seeds, "training": training, "plan": plan,
+              "austen": austen, "goals": goals(plan, austen)}  # fmt: skip
+    commands = [
+        "python experiments/conditional.py data multirun/conditional_data",
+        "cdlm-train -m experiment=conditional_plan hydra/launcher=joblib hydra.launcher.n_jobs=2",
+        "cdlm-train -m experiment=conditional_austen hydra/launcher=joblib hydra.launcher.n_jobs=2",
+        "python experiments/conditional.py report " + " ".join(map(str, args.folders)),
+    ]
+    title = "Prompt→response training (issue 41)"
+    path = study.write(
+        "conditional", title, markdown(report), report, commands, found, args.results
+    )
+    print(path.read_text())
 
 
 if __name__ == "__main__":

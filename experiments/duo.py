@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from pathlib import Path
 
@@ -42,20 +41,6 @@ RECIPES = {  # recipe (conf/recipe/) -> process; the world's curriculum has its 
     "autoregressive": "autoregressive",
 }
 TEACHERS = ("uniform_curriculum", "uniform_curriculum_world")  # DCD distils these, as Duo does
-STEPS = (8, 16, 64, 128)
-# process -> [(label, conf/sampler name, options, step counts)]; the first also gets the frontier
-# (a uniform step costs ~3x a masked one here: every position draws from V each step)
-SAMPLERS = {
-    "masked": [("ancestral", "ancestral", {}, STEPS)],
-    "uniform": [
-        ("duo_ancestral", "duo_ancestral", {}, (4, *STEPS)),  # 4: beside the DCD students
-        ("duo_psi", "duo_psi", {}, (8, 64)),
-    ],
-    "gaussian": [("ddpm", "ddpm", {}, STEPS)],
-    "autoregressive": [("ar", "ar", {"stop_at_eos": False}, None)],
-}
-FRONTIER_STEPS, FRONTIER_T = (8,), (0.8, 0.9)  # Austen only: the world's scorer is the truth
-END = "<!-- end measured -->"
 
 
 def students(run_dir: Path) -> dict[int, Path]:
@@ -68,91 +53,6 @@ def val_curve(row: dict) -> list[tuple[int, float]]:
     """(step, val bits/token) at every validation of a training job; Lightning logs a
     validation at the step before the one it follows, hence the +1."""
     return [(step + 1, bits) for step, bits in study.job_curve(row, "val/bits_per_token")]
-
-
-def configs(process: str, world: bool, length: int) -> list[tuple[str, str, dict, int, float]]:
-    """(label, sampler, options, steps, temperature) for one model."""
-    out = []
-    for i, (label, name, options, counts) in enumerate(SAMPLERS[process]):
-        counts = counts or [length]
-        frontier = [] if world or i > 0 else list(FRONTIER_T)
-        for steps in counts:
-            temps = frontier if process == "autoregressive" or steps in FRONTIER_STEPS else []
-            out += [(label, name, options, steps, t) for t in (1.0, *temps)]
-    return out
-
-
-def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
-    """Every config of one model: samples scored by the world or the scorer, and its bound."""
-    import torch
-
-    from cdlm.evaluation.bound import val_bits_per_token
-    from cdlm.evaluation.harness import text_quality
-    from cdlm.evaluation.quality import load_scorer
-    from cdlm.evaluation.world_score import canvas, world_of, world_quality, world_sections
-    from cdlm.generation import Plan, generate, named_sampler
-    from cdlm.likelihood.evaluate import validation_tokens
-    from cdlm.model_file import load_model
-    from cdlm.rng import generator
-
-    torch.set_num_threads(1)
-    model = load_model(spec["ckpt"])
-    process, length = model.process.kind, model.config["seq_len"]
-    world = model.config.get("world")
-    judge = world_of(model, world) if world else None
-    scorer = None if world else load_scorer(None)
-    found = configs(process, bool(world), length)
-    if spec.get("steps"):  # a DCD student: its own step count, its recorded sampler
-        found = [("duo_ancestral", "duo_ancestral", {}, spec["steps"], 1.0)]
-    rows, bound = [], None
-    for label, name, options, steps, temperature in found:
-        sampler, x0_t = study.sampler_at(process, named_sampler(name, **options), temperature)
-        plan = Plan(
-            num_samples=args.num_samples,
-            seq_len=length,
-            steps=steps,
-            seed=0,
-            denoising={"temperature": x0_t},
-            cut_at_eos=False,
-        )
-        gen = generate(model, sampler, plan)
-        ids = [s.token_ids for s in gen.samples]
-        if judge is not None:
-            if bound is None:
-                quality, bound = world_sections(
-                    model, judge, world, gen.samples, 0, args.likelihood_sequences, 1
-                )
-            else:
-                eos = model.tokenizer.eos_token_id
-                quality = world_quality(
-                    judge, world, canvas(ids, length, eos), generator=generator(0)
-                )
-            q = quality["samples"]
-            scores = {k: q[k] for k in ("kl_rate", "kl_floor", "tv_rate", "tv_floor")}
-            scores |= {"violation_rate": q["violation_rate"], "nll_truth": q["nll_truth"]}
-            scores |= {"entropy": q.get("token_entropy_bits")}
-        else:
-            if bound is None:
-                val = validation_tokens(model)[: args.likelihood_sequences]
-                bound = val_bits_per_token(model, val, 0)
-            q = text_quality(ids, [s.text for s in gen.samples], scorer)
-            scores = {"gen_ppl": q.get("gen_ppl"), "entropy": q["token_entropy_bits"]}
-        rows.append(
-            spec["row"]
-            | {
-                "sampler": label,
-                "steps": steps,
-                "temperature": temperature,
-                "nfe": gen.nfe,
-                "bits_per_token": bound["bits_per_token"],
-                "excess_bits": bound.get("excess_bits"),
-                "revisions": gen.stats.get("revisions"),
-                "example": gen.samples[0].text[:160],
-            }
-            | scores
-        )
-        print(f"{spec['name']}: {label} @{steps} T={temperature:g}: {scores}", flush=True)
-    return rows
 
 
 def evaluate_all(specs: list[dict], args: argparse.Namespace) -> list[dict]:
@@ -245,12 +145,6 @@ def dcd_goal(rows: list[dict], corpus: str) -> str:
     )
 
 
-def fmt(v, digits: int = 2) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-
 def markdown(report: dict) -> str:
     lines = [
         f"{report['num_samples']} samples of 128 tokens per row, seed 0, whole canvases; each "
@@ -266,14 +160,18 @@ def markdown(report: dict) -> str:
             "|" + "---|" * (12 if world else 10),
         ]  # fmt: skip
         for r in find(report["rows"], corpus=corpus):
-            cells = [r["recipe"], r["role"], r["train_steps"], fmt(r["bits_per_token"], 3)]
-            cells += [fmt(r["excess_bits"], 3)] if world else []
-            cells += [r["sampler"], r["steps"], f"{r['temperature']:g}", fmt(r["nfe"], 0)]
+            cells = [r["recipe"], r["role"], r["train_steps"], study.fmt(r["bits_per_token"], 3)]
+            cells += [study.fmt(r["excess_bits"], 3)] if world else []
+            cells += [r["sampler"], r["steps"], f"{r['temperature']:g}", study.fmt(r["nfe"], 0)]
             if world:
-                cells += [fmt(r["kl_rate"], 4), fmt(r["kl_floor"], 4), fmt(r["tv_rate"], 3)]
-                cells += [fmt(r["violation_rate"], 3)]
+                cells += [
+                    study.fmt(r["kl_rate"], 4),
+                    study.fmt(r["kl_floor"], 4),
+                    study.fmt(r["tv_rate"], 3),
+                ]
+                cells += [study.fmt(r["violation_rate"], 3)]
             else:
-                cells += [fmt(r["gen_ppl"], 0), fmt(r["entropy"], 2)]
+                cells += [study.fmt(r["gen_ppl"], 0), study.fmt(r["entropy"], 2)]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "### Goals", ""]
     for g in report["curriculum"]:
@@ -335,7 +233,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse()
     if args.evaluate_one:  # a child of evaluate_all
-        rows = evaluate_model(json.loads(args.evaluate_one), args)
+        spec = json.loads(args.evaluate_one)
+        rows = study.sample_rows(spec, args.num_samples, args.likelihood_sequences)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
         return
     os.environ |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

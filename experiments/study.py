@@ -28,6 +28,21 @@ from cdlm.run.table import collect
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 END = "<!-- end generated -->"  # a results doc's reading after it survives regeneration
+# The samplers every model of a text-and-world study is drawn with (duo, worlds_learned's Austen
+# rows), whole canvases at seed 0; the first of each process also gets the temperature frontier.
+STEPS = (8, 16, 64, 128)
+# process -> [(label, conf/sampler name, options, step counts)]; the first also gets the frontier
+# (a uniform step costs ~3x a masked one here: every position draws from V each step)
+SAMPLERS = {
+    "masked": [("ancestral", "ancestral", {}, STEPS)],
+    "uniform": [
+        ("duo_ancestral", "duo_ancestral", {}, (4, *STEPS)),  # 4: beside the DCD students
+        ("duo_psi", "duo_psi", {}, (8, 64)),
+    ],
+    "gaussian": [("ddpm", "ddpm", {}, STEPS)],
+    "autoregressive": [("ar", "ar", {"stop_at_eos": False}, None)],
+}
+FRONTIER_STEPS, FRONTIER_T = (8,), (0.8, 0.9)  # Austen only: the world's scorer is the truth
 
 
 def table(*folders: Path) -> dict:
@@ -165,6 +180,13 @@ def sampler_at(process: str, sampler, temperature: float):
     return with_temperature(sampler, temperature), 1.0
 
 
+def fmt(v: object, digits: int = 2) -> str:
+    """A table cell: a float to ``digits`` places, None or NaN as a dash."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
 def markdown_table(columns: Sequence[str], cells: Sequence[Sequence[object]]) -> str:
     """A markdown table; floats to 4 significant digits, None as a dash."""
 
@@ -176,3 +198,90 @@ def markdown_table(columns: Sequence[str], cells: Sequence[Sequence[object]]) ->
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in cells]
     return "\n".join(lines) + "\n"
+
+
+def configs(process: str, world: bool, length: int) -> list[tuple[str, str, dict, int, float]]:
+    """(label, sampler, options, steps, temperature) for one model."""
+    out = []
+    for i, (label, name, options, counts) in enumerate(SAMPLERS[process]):
+        counts = counts or [length]
+        frontier = [] if world or i > 0 else list(FRONTIER_T)
+        for steps in counts:
+            temps = frontier if process == "autoregressive" or steps in FRONTIER_STEPS else []
+            out += [(label, name, options, steps, t) for t in (1.0, *temps)]
+    return out
+
+
+def sample_rows(spec: dict, num_samples: int, likelihood_sequences: int) -> list[dict]:
+    """Every config of one model (``spec``: ``ckpt``, ``row``, ``name``, a student's ``steps``):
+    samples scored by its world or by SmolLM2-135M beside their entropy, and its bound (the
+    world's: minus the entropy rate, excess bits)."""
+    import torch
+
+    from cdlm.evaluation.bound import val_bits_per_token
+    from cdlm.evaluation.harness import text_quality
+    from cdlm.evaluation.quality import load_scorer
+    from cdlm.evaluation.world_score import canvas, world_of, world_quality, world_sections
+    from cdlm.generation import Plan, generate, named_sampler
+    from cdlm.likelihood.evaluate import validation_tokens
+    from cdlm.model_file import load_model
+    from cdlm.rng import generator
+
+    torch.set_num_threads(1)
+    model = load_model(spec["ckpt"])
+    process, length = model.process.kind, model.config["seq_len"]
+    world = model.config.get("world")
+    judge = world_of(model, world) if world else None
+    scorer = None if world else load_scorer(None)
+    found = configs(process, bool(world), length)
+    if spec.get("steps"):  # a DCD student: its own step count, its recorded sampler
+        found = [("duo_ancestral", "duo_ancestral", {}, spec["steps"], 1.0)]
+    rows, bound = [], None
+    for label, name, options, steps, temperature in found:
+        sampler, x0_t = sampler_at(process, named_sampler(name, **options), temperature)
+        plan = Plan(
+            num_samples=num_samples,
+            seq_len=length,
+            steps=steps,
+            seed=0,
+            denoising={"temperature": x0_t},
+            cut_at_eos=False,
+        )
+        gen = generate(model, sampler, plan)
+        ids = [s.token_ids for s in gen.samples]
+        if judge is not None:
+            if bound is None:
+                quality, bound = world_sections(
+                    model, judge, world, gen.samples, 0, likelihood_sequences, 1
+                )
+            else:
+                eos = model.tokenizer.eos_token_id
+                quality = world_quality(
+                    judge, world, canvas(ids, length, eos), generator=generator(0)
+                )
+            q = quality["samples"]
+            scores = {k: q[k] for k in ("kl_rate", "kl_floor", "tv_rate", "tv_floor")}
+            scores |= {"violation_rate": q["violation_rate"], "nll_truth": q["nll_truth"]}
+            scores |= {"entropy": q.get("token_entropy_bits")}
+        else:
+            if bound is None:
+                val = validation_tokens(model)[:likelihood_sequences]
+                bound = val_bits_per_token(model, val, 0)
+            q = text_quality(ids, [s.text for s in gen.samples], scorer)
+            scores = {"gen_ppl": q.get("gen_ppl"), "entropy": q["token_entropy_bits"]}
+        rows.append(
+            spec["row"]
+            | {
+                "sampler": label,
+                "steps": steps,
+                "temperature": temperature,
+                "nfe": gen.nfe,
+                "bits_per_token": bound["bits_per_token"],
+                "excess_bits": bound.get("excess_bits"),
+                "revisions": gen.stats.get("revisions"),
+                "example": gen.samples[0].text[:160],
+            }
+            | scores
+        )
+        print(f"{spec['name']}: {label} @{steps} T={temperature:g}: {scores}", flush=True)
+    return rows

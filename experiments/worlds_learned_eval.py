@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-import launch
+import study
 import torch
 
 STEPS = (8, 16, 64)  # T = 128: 16, 8 and 2 tokens per call on a fixed grid
@@ -192,43 +192,48 @@ def evaluate_model(spec: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def evaluate_all(specs: list[dict], args: argparse.Namespace, runs: Path) -> list[dict]:
+def evaluate_all(specs: list[dict], args: argparse.Namespace) -> list[dict]:
     """Each model in its own child process (``--evaluate-one``), ``--jobs`` at a time."""
     options = ["--samples", str(args.samples)]
     options += ["--likelihood-sequences", str(args.likelihood_sequences)]
     script = Path(__file__).with_name("worlds_learned.py")
-    return launch.evaluate_children(script, specs, runs / "evaluated", args.jobs, options)
+    return study.evaluate_children(script, specs, args.evaluated, args.jobs, options)
 
 
-def specs_of(runs: Path, trained, args, unsped: set[str] = frozenset()) -> list[dict]:
-    """The models to score: every trained one, the distilled students and their teachers;
-    those labelled in ``unsped`` (copies of an architecture already timed) without speed rows."""
-    from budget import last_step
-
+def specs_of(found: dict, label_of, unsped: set[str] = frozenset()) -> list[dict]:
+    """The models to score: every trained one (``label_of`` names a job), and each
+    distillation job's teacher and round students; those labelled in ``unsped`` (copies of an
+    architecture already timed) without speed rows."""
     out = []
-    for world, label, _, _, run_dir in trained:
-        row = {"model": label, "role": "trained", "train_steps": last_step(run_dir),
-               "parallel_runs": args.jobs, "minutes": args.minutes}  # fmt: skip
-        out.append({"name": f"{world}-{label}", "ckpt": str(run_dir / "model.safetensors"),
+    for job in study.rows(found):
+        folder, cost = Path(job["folder"]), job["cost"] or {}
+        if "teacher" in job["overrides"]:
+            continue
+        label, world = (
+            label_of(job),
+            job["overrides"].get("data.world", "world:chars").removeprefix("world:"),
+        )
+        row = {"model": label, "role": "trained", "train_steps": job["steps"],
+               "parallel_runs": cost.get("parallel_jobs")}  # fmt: skip
+        out.append({"name": f"{world}-{label}", "ckpt": str(folder / "model.safetensors"),
                     "row": row, "unsped": label in unsped})  # fmt: skip
-    for teacher in ("masked", "gaussian"):
-        table = f"student-{teacher}"
-        folder = runs / "chars" / f"{teacher}-students"
-        found = sorted((folder / "rounds").glob("round*_*steps.safetensors"))
-        row = {
-            "model": teacher,
-            "role": "teacher",
-            "train_steps": last_step(runs / "chars" / teacher),
-        }
-        out.append({"name": f"chars-{teacher}-teacher", "ckpt": str(runs / "chars" / teacher / "model.safetensors"),
-                    "row": row, "samplers": table, "student": True})  # fmt: skip
-        for path in found:
+    for job in study.rows(found):
+        if "teacher" not in job["overrides"]:
+            continue
+        teacher, table = job["overrides"]["process"], f"student-{job['overrides']['process']}"
+        ckpt = job["overrides"]["teacher"]
+        row = {"model": teacher, "role": "teacher", "train_steps": _steps_of(found, ckpt)}
+        out.append({"name": f"chars-{teacher}-teacher", "ckpt": ckpt, "row": row,
+                    "samplers": table, "student": True})  # fmt: skip
+        for path in sorted((Path(job["folder"]) / "rounds").glob("round*_*steps.safetensors")):
             steps = int(path.stem.split("_")[1].removesuffix("steps"))
-            row = {
-                "model": f"{teacher} student",
-                "role": "student",
-                "train_steps": last_step(folder),
-            }
+            row = {"model": f"{teacher} student", "role": "student", "train_steps": job["steps"]}
             out.append({"name": f"chars-{teacher}-student{steps}", "ckpt": str(path), "row": row,
                         "samplers": table, "student": True, "steps": [steps]})  # fmt: skip
     return out
+
+
+def _steps_of(found: dict, ckpt: str) -> int | None:
+    """The training steps of the job whose model file is ``ckpt``."""
+    folder = Path(ckpt).parent.resolve()
+    return next((j["steps"] for j in found["rows"] if Path(j["folder"]).resolve() == folder), None)

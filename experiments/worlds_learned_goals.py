@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from duo import fmt
+from study import fmt
 
 GOAL_EXCESS = {"autoregressive": 0.05, "masked": 0.10, "block": 0.10, "gaussian": 0.20}
 BASE = ("autoregressive", "masked", "block", "gaussian")
@@ -190,11 +190,9 @@ def section(title: str, header: list[str], cells: list[list]) -> list[str]:
 def markdown(report: dict) -> str:
     """The measured section of docs/results/worlds_learned.md."""
     rows = report["rows"]
-    lines = [f"<!-- measured: {report['command']} -->", ""]
-    lines.append(f"Commits: {report['commits']}. {report['minutes']:g} minutes of wall clock per trained "
-                 f"model, {report['jobs']} runs at a time on one CPU thread each (`parallel_runs`); "
-                 f"{report['samples']} samples of 128 tokens per sampler row, seed 0; bounds on "
-                 f"{report['likelihood_sequences']} exact sequences.")  # fmt: skip
+    lines = [f"{report['samples']} samples of 128 tokens per sampler row, seed 0; bounds on "
+             f"{report['likelihood_sequences']} exact sequences; every job's steps, CPU time and "
+             "parallel jobs in the JSON's `jobs` (as `cdlm-table` reads them)."]  # fmt: skip
     lines += section(
         "Trained models: bound against the oracle's and the truth (bits/token)",
         ["world", "model", "train steps", "bound", "oracle bound", "excess bits",
@@ -269,4 +267,4 @@ def markdown(report: dict) -> str:
              for b in report["austen_bounds"]],
         )  # fmt: skip
     lines += ["", "### Goals", ""] + [f"- {g}" for g in report["goals"]]
-    return "\n".join(lines) + "\n<!-- end measured -->\n"
+    return "\n".join(lines) + "\n"

@@ -1,22 +1,17 @@
-"""docs/results/worlds_learned.{md,json,png} from experiments/worlds_learned.py's runs: the tables, the
-validation curves, the data-constrained curves and every goal of issue 39, said plainly."""
+"""docs/results/worlds_learned.{md,json,png} from the study's jobs (experiments/worlds_learned.py):
+the tables, the validation curves, the data-constrained curves and every goal of issue 39."""
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
-import sys
 from pathlib import Path
 
-from duo import with_prose
+import study
 from worlds_learned_eval import evaluate_all, specs_of
 
-from cdlm.io import atomic_path, atomic_write_text
-
-SCRIPT = "experiments/worlds_learned.py"
-END = "<!-- end measured -->"
+from cdlm.io import atomic_path
+from cdlm.run import logs
 
 
 def val_nll(spec: str) -> float:
@@ -29,36 +24,28 @@ def val_nll(spec: str) -> float:
     return float(-world.log_prob(val).mean()) / world.length / math.log(2)
 
 
-def curve(run_dir: Path, nll: float) -> list[tuple[int, float]]:
-    """(optimizer step, val bound minus the val set's exact NLL) at every validation."""
-    found = sorted(run_dir.rglob("metrics.csv"))
-    if not found:
-        return []
-    rows = [r for r in csv.DictReader(found[0].open()) if r.get("val/bits_per_token")]
-    return [(int(r["step"]) + 1, float(r["val/bits_per_token"]) - nll) for r in rows]
+def curve(folder: Path, nll: float) -> list[tuple[int, float]]:
+    """(optimizer step, val bound minus the val set's exact NLL) at every validation; Lightning
+    logs a validation at the step before the one it follows, hence the +1."""
+    points = logs.curve(logs.rows(folder), "val/bits_per_token")
+    return [(step + 1, bits - nll) for step, bits in points]
 
 
 def crossover(folder: Path, nll: float) -> list[dict]:
-    """The data-constrained runs' curves (``--crossover``: one folder per run), in epochs."""
+    """The data-constrained jobs' curves under ``folder`` (``--crossover``), in epochs."""
     out = []
-    for run in sorted(p for p in folder.glob("*") if p.is_dir()):
-        record = (
-            json.loads((run / "duo_run.json").read_text())
-            if (run / "duo_run.json").is_file()
-            else {}
-        )
-        process, size = run.name.rsplit("-", 1)
-        tokens = int(size.removesuffix("k")) * 1000
-        points = curve(run, nll)
+    for job in study.table(folder)["rows"]:
+        o, points = job["overrides"], curve(Path(job["folder"]), nll)
         if not points:
             continue
-        sequences = tokens // 128
+        sequences = int(o["data.train_size"])
         epochs = [(s * 32 / sequences, e) for s, e in points]  # batch 32
         best = min(epochs, key=lambda p: p[1])
-        out.append({"world": "chars", "process": process, "recipe": folder.name, "train_tokens": tokens,
-                    "train_sequences": sequences, "steps": points[-1][0], "epochs": epochs[-1][0],
-                    "best_excess_bits": best[1], "best_at_epochs": best[0], "curve": epochs,
-                    "args": record.get("args"), "wall_seconds": record.get("wall_seconds")})  # fmt: skip
+        out.append({"world": "chars", "process": o["process"], "recipe": folder.name,
+                    "train_tokens": sequences * 128, "train_sequences": sequences,
+                    "steps": points[-1][0], "epochs": epochs[-1][0], "best_excess_bits": best[1],
+                    "best_at_epochs": best[0], "curve": epochs, "overrides": o,
+                    "cost": job["cost"]})  # fmt: skip
     return out
 
 
@@ -67,14 +54,6 @@ def paired_se(a: list[float], b: list[float]) -> float:
     d = [x - y for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
-
-
-def clock_minutes(run_dir: Path) -> float:
-    """The wall clock a run was given: its ``trainer.max_time=DD:HH:MM:SS`` override."""
-    args = json.loads((run_dir / "duo_run.json").read_text())["args"]
-    given = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.max_time="))
-    days, hours, minutes, seconds = map(int, given.split(":"))
-    return days * 1440 + hours * 60 + minutes + seconds / 60
 
 
 def austen_bounds(bounds: dict[str, dict], pairs: list[tuple[str, str]]) -> list[dict]:
@@ -102,7 +81,7 @@ def settled(folder: Path, draws: int = 16) -> list[dict]:
     from cdlm.worlds.data import draw
 
     out = []
-    for ckpt in sorted(folder.glob("*/model.safetensors")):
+    for ckpt in sorted(folder.glob("**/model.safetensors")):
         model = load_model(ckpt)
         world = worlds.load(model.config["world"])
         oracle = oracle_model(world, model.config["process"])
@@ -141,63 +120,59 @@ def plot(curves: dict[str, list[tuple[float, float]]], path: Path, xlabel: str, 
 
 def report(
     args: argparse.Namespace,
-    runs: Path,
-    state: dict,
-    trained,
-    evaluate: bool,
+    found: dict,
+    austen: tuple[list[dict], dict],
     unsped: set[str],
     pairs: list[tuple[str, str]],
 ) -> None:
-    from budget import last_step
+    from worlds_learned import label_of
     from worlds_learned_goals import goals, markdown
 
-    specs = specs_of(runs, trained, args, unsped)
-    if evaluate:
-        evaluate_all(specs, args, runs)
-    rows = []
-    for s in specs:  # each row with its run's steps as counted now, not as its cache has them
-        done = runs / "evaluated" / f"{s['name']}.json"
-        steps = {"train_steps": s["row"]["train_steps"]}
-        rows += [r | steps for r in json.loads(done.read_text())] if done.is_file() else []
+    specs = specs_of(found, label_of, unsped)
+    rows = evaluate_all(specs, args)
     nll = {w: val_nll(f"world:{w}") for w in ("chars", "agreement")}
-    curves = {f"{w}/{label}": curve(d, nll[w]) for w, label, _, _, d in trained}
+    curves = {}
+    for job in study.rows(found):
+        if "teacher" not in job["overrides"]:
+            world = job["overrides"].get("data.world", "world:chars").removeprefix("world:")
+            curves[f"{world}/{label_of(job)}"] = curve(Path(job["folder"]), nll[world])
     cross, checks = [], []
-    for folder in args.crossover or []:
+    for folder in args.crossover:
         cross += crossover(Path(folder), nll["chars"])
         checks += settled(Path(folder))
-    austen, bounds = [], {}
-    found = (runs / "austen" / "evaluated").glob("austen-*.json")
-    for p in sorted(found, key=lambda p: p.stem):  # by label: "+" sorts before ".json"
-        label = p.stem.removeprefix("austen-")
-        run_dir = runs / "austen" / label
-        if (run_dir / "bound.json").is_file():
-            bounds[label] = json.loads((run_dir / "bound.json").read_text())
-        run = {"train_steps": last_step(run_dir), "minutes": clock_minutes(run_dir)}
-        austen += [r | run for r in json.loads(p.read_text())]
+    austen_rows, bounds = austen
     report = {
-        "command": f"{SCRIPT} " + " ".join(sys.argv[1:]),
-        "commits": state["commits"],
-        "minutes": args.minutes,
-        "jobs": args.jobs,
         "samples": args.samples,
         "likelihood_sequences": args.likelihood_sequences,
         "val_exact_nll_bits": nll,
+        "jobs": [
+            {k: j[k] for k in ("job", "overrides", "steps", "cost", "commit")}
+            for j in found["rows"]
+        ],
         "rows": rows,
         "curves": curves,
         "crossover": cross,
         "crossover_bounds": checks,
-        "austen": austen,
+        "austen": austen_rows,
         "austen_bounds": austen_bounds(bounds, pairs),
     }
     report["goals"] = goals(report)
-    out = args.out
-    plot(curves, out.with_suffix(".png"), "optimizer step",
-         f"validation bound against the truth, {args.minutes:g} min per model")  # fmt: skip
+    out = args.results / "worlds_learned"
+    commands = [
+        "cdlm-train -m experiment=worlds_learned hydra/launcher=joblib hydra.launcher.n_jobs=2",
+        "(the further sweeps in conf/experiment/worlds_learned.yaml)",
+        "python experiments/worlds_learned.py "
+        + " ".join(map(str, args.sweeps))
+        + (" --austen " + " ".join(map(str, args.austen)) if args.austen else "")
+        + (" --crossover " + " ".join(map(str, args.crossover)) if args.crossover else ""),
+    ]
+    title = "Learned models in exact worlds (issue 39)"
+    path = study.write(
+        "worlds_learned", title, markdown(report), report, commands, found, args.results
+    )
+    plot(curves, out.with_suffix(".png"), "optimizer step", "validation bound against the truth")
     if cross:
         plot({f"{c['recipe']} {c['process']} {c['train_tokens'] // 1000}k": c["curve"] for c in cross},
              out.with_name(out.name + "_crossover.png"), "epochs over the fixed sample",
              "data-constrained: a fixed sample of the character world")  # fmt: skip
-    atomic_write_text(out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
-    md = out.with_suffix(".md")
-    atomic_write_text(md, with_prose(md, markdown(report), SCRIPT))
-    print(markdown(report))
+    print(path.read_text())

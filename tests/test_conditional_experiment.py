@@ -74,3 +74,12 @@ def test_goals_are_met_only_when_the_figures_say_so():
     assert said[2].endswith("met.") and said[3].endswith("missed.")  # 5 > 3; 1 < 3
     assert "rises monotonically (no goal without dropout)" in said[4]
     assert said[5].endswith("goal (rises monotonically 0 → 2) missed.")
+
+
+def test_a_jobs_row_name_comes_from_its_overrides():
+    plan = {"overrides": {"process": "autoregressive", "data.format": "pairs"}}
+    assert conditional.name_of(plan) == ("plan", "ar, prompt→answer")
+    text = {"overrides": {"process": "masked", "data.format": "text"}}
+    assert conditional.name_of(text) == ("plan", "masked, whole line")
+    austen = {"overrides": {"experiment": "conditional_austen", "condition.prompt_dropout": "0.1"}}
+    assert conditional.name_of(austen) == ("austen", "masked, prompt dropout 0.1")

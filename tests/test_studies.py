@@ -5,6 +5,7 @@ the learning study's multipliers) compute what they say, by hand."""
 
 import ast
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -19,11 +20,15 @@ from cdlm.configs import compose, compose_checked
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 SHARED = {"study"}  # what every study may import besides the library
-STUDY_CONFIGS = ["learning"]  # conf/experiment/ studies with a sweep grid
+STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
+    "learning", "duo", "duo_chars", "conditional_plan", "conditional_austen", "worlds_learned",
+    "worlds_learned_austen", "worlds_learned_crossover",
+]  # fmt: skip
+README = EXPERIMENTS / "README.md"
 
 
 def local_imports(path: Path) -> set[str]:
-    """The top-level names a module imports."""
+    """The top-level names a module imports (at any depth: a function's import counts)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = set()
     for node in ast.walk(tree):
@@ -34,14 +39,27 @@ def local_imports(path: Path) -> set[str]:
     return names
 
 
-def studies() -> list[Path]:
-    return sorted(p for p in EXPERIMENTS.glob("*.py") if p.stem not in SHARED)
+def studies() -> list[set[str]]:
+    """Each study's modules: the files named on one row of experiments/README.md's table."""
+    rows = [
+        line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| `")
+    ]
+    return [set(re.findall(r"`(\w+)\.py`", row.split("|")[1])) for row in rows]
 
 
-@pytest.mark.parametrize("path", studies(), ids=lambda p: p.stem)
-def test_a_study_imports_no_other_study(path):
-    others = {p.stem for p in EXPERIMENTS.glob("*.py")} - SHARED - {path.stem}
-    assert not local_imports(path) & others, f"{path.name} imports {local_imports(path) & others}"
+def test_every_script_is_one_studys_and_shared_is_study_py():
+    named = [m for study in studies() for m in study]
+    assert len(named) == len(set(named)), "a module on two rows of experiments/README.md"
+    found = {p.stem for p in EXPERIMENTS.glob("*.py")} - SHARED
+    assert found == set(named), f"not in experiments/README.md's table: {found - set(named)}"
+
+
+@pytest.mark.parametrize("modules", studies(), ids=lambda m: min(m, key=len))
+def test_a_study_imports_no_other_study(modules):
+    others = {p.stem for p in EXPERIMENTS.glob("*.py")} - SHARED - modules
+    for name in modules:
+        imported = local_imports(EXPERIMENTS / f"{name}.py") & others
+        assert not imported, f"{name}.py imports another study: {imported}"
 
 
 def test_the_library_never_imports_experiments():
@@ -51,22 +69,23 @@ def test_the_library_never_imports_experiments():
         assert not re.search(r"sys\.path.*experiments", text), path
 
 
-def test_the_readme_maps_every_study_to_its_command_and_doc():
-    readme = (EXPERIMENTS / "README.md").read_text(encoding="utf-8")
-    for path in studies():
-        assert f"`{path.name}`" in readme, f"{path.name} is not in experiments/README.md"
+def test_the_readme_links_docs_and_configs_that_exist():
+    readme = README.read_text(encoding="utf-8")
     for doc in re.findall(r"\]\((\.\./docs/[^)#]+)", readme):
-        assert (EXPERIMENTS / doc).resolve().is_file(), doc
+        if not doc.endswith("learning.md"):  # written by the study's first run
+            assert (EXPERIMENTS / doc).resolve().is_file(), doc
     for config in re.findall(r"experiment=(\w+)", readme):
         assert (config_dir() / "experiment" / f"{config}.yaml").is_file(), config
 
 
 def grid(params: dict) -> list[list[str]]:
+    """Every job's overrides of a basic-sweeper ``params`` block (a single value is one job's)."""
     parser = OverridesParser.create()
-    axes = [
-        [f"{k}={v}" for v in parser.parse_override(f"{k}={vals}").sweep_string_iterator()]
-        for k, vals in params.items()
-    ]
+    axes = []
+    for key, values in params.items():
+        override = parser.parse_override(f"{key}={values}")
+        found = override.sweep_string_iterator() if override.is_sweep_override() else [values]
+        axes.append([f"{key}={v}" for v in found])
     return [list(job) for job in itertools.product(*axes)]
 
 
@@ -74,7 +93,7 @@ def grid(params: dict) -> list[list[str]]:
 def test_every_job_of_a_study_grid_passes_cdlm_trains_checks(name):
     params = compose("train", [f"experiment={name}"], hydra=True).hydra.sweeper.params
     jobs = grid(dict(params))
-    assert len(jobs) > 1
+    assert jobs
     for job in jobs:
         overrides = [f"experiment={name}", *job]
         validate(compose_checked("train", overrides), overrides)
@@ -114,3 +133,36 @@ def test_flops_at_a_fractional_step_and_the_multiplier_over_ar():
     rows[1]["steps_to_eps"]["0.1"] = None  # one AR seed never got there: no multiplier
     learning.multipliers(rows)
     assert rows[2]["multiplier"]["0.1"] is None
+
+
+def test_each_spec_is_evaluated_once_in_a_child_and_then_read_back(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\n"
+        "spec = json.loads(sys.argv[2]); out = sys.argv[4]\n"
+        "open(out, 'w').write(json.dumps([{'name': spec['name'], 'opt': sys.argv[5]}]))\n"
+        "open(out + '.ran', 'a').write('x')\n"
+    )
+    specs = [{"name": "a"}, {"name": "b"}]
+    rows = study.evaluate_children(script, specs, tmp_path / "out", 2, ["--flag"])
+    assert rows == [{"name": "a", "opt": "--flag"}, {"name": "b", "opt": "--flag"}]
+    assert study.evaluate_children(script, specs, tmp_path / "out", 2, ["--flag"]) == rows
+    assert (tmp_path / "out" / "a.json.ran").read_text() == "x"  # once: the second read it back
+
+
+def test_a_results_doc_keeps_its_reading_and_carries_the_header(tmp_path):
+    found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 2}}]}
+    path = study.write("x", "Title", "body\n", {"rows": [1]}, ["cdlm-train -m a"], found, tmp_path)
+    text = path.read_text()
+    assert text.startswith(
+        "# Title\n\n- **Command:**\n  `cdlm-train -m a`\n- **Commits:** `abc123`"
+    )
+    assert "at most 2 job(s)" in text
+    path.write_text(text + "\nThe reading, by hand.\n")
+    study.write("x", "Title", "new body\n", {"rows": [2]}, ["cdlm-train -m a"], found, tmp_path)
+    text = path.read_text()
+    assert "new body" in text and "body\n\n" not in text.split(study.END)[0].split("new")[0]
+    assert text.endswith("The reading, by hand.\n")
+    record = json.loads((tmp_path / "x.json").read_text())
+    assert record["command"] == "cdlm-train -m a" and record["commits"] == ["abc123"]
+    assert record["rows"] == [2]

@@ -11,6 +11,7 @@ reports, flattened to ``path/to/value``. A job that never finished has status ``
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,9 +30,10 @@ SHOWN = (
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, str]:
-    """``key -> value`` of Hydra override strings (``+``/``~`` prefixes dropped)."""
+    """``key -> value`` of Hydra override strings (``+``/``~`` prefixes dropped; the escapes
+    Hydra writes into a sweep job's values, ``world\\:chars``, undone)."""
     pairs = (str(o).split("=", 1) for o in overrides)
-    return {p[0].lstrip("+~"): p[1] if len(p) > 1 else "" for p in pairs}
+    return {p[0].lstrip("+~"): re.sub(r"\\(.)", r"\1", p[1]) if len(p) > 1 else "" for p in pairs}
 
 
 def flatten(value: object, prefix: str = "") -> dict[str, float]:
