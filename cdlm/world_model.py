@@ -15,6 +15,7 @@ from cdlm import worlds
 from cdlm.model import Model, ModelFileError, build, qualname
 from cdlm.processes.vocabulary import token_ids
 from cdlm.worlds.oracle import OracleNetwork
+from cdlm.worlds.uniform import UniformOracleNetwork
 
 GAUSSIAN = "cdlm.processes.gaussian.GaussianProcess"
 
@@ -25,7 +26,7 @@ def world_model(
     """The world ``world:<name>`` (conf/world/) as a cdlm model of ``process``: ``oracle_model``."""
     if process is None:
         raise ModelFileError(
-            f"{spec} needs a process: process=masked|gaussian|autoregressive|block"
+            f"{spec} needs a process: process=masked|gaussian|autoregressive|block|uniform"
         )
     try:
         world = worlds.load(spec)
@@ -44,7 +45,8 @@ def oracle_model(
     composed) whose network is the world's exact posterior (``OracleNetwork``). A gaussian
     oracle reads the posterior input unshifted (each token's own level, exactly) with no readout
     skip or prediction pieces, over a fixed normalised embedding table (seed 0) or, with
-    ``embedding`` (a cdlm model), that model's own table."""
+    ``embedding`` (a cdlm model), that model's own table. A process with ``uniform_noise``
+    (uniform) gets the leave-one-out posterior its ELBO implies (``cdlm.worlds.uniform``)."""
     cfg = OmegaConf.to_container(process, resolve=True) if OmegaConf.is_config(process) else process
     if cfg.get("_target_") == GAUSSIAN:
         cfg = _oracle_gaussian(cfg, embedding)
@@ -57,9 +59,11 @@ def oracle_model(
         built = build(Path(world.name), {"process": cfg | kwargs}, "process")
     if embedding is not None:
         built.embedding.load_state_dict(embedding.process.embedding.state_dict())
-    network = OracleNetwork(
-        world, **built.network_kwargs, shift=built.next_token_layout, mask_id=kwargs.get("mask_id")
-    )
+    layout = {"shift": built.next_token_layout, "mask_id": kwargs.get("mask_id")}
+    if built.uniform_noise is None:
+        network = OracleNetwork(world, **built.network_kwargs, **layout)
+    else:  # uniform noise: each x_t is evidence, not an observation
+        network = UniformOracleNetwork(world, built.uniform_noise, **built.network_kwargs, **layout)
     config = {
         "process": cfg | kwargs,
         "network": {"_target_": qualname(network), "world": worlds.PREFIX + world.name},

@@ -2,6 +2,8 @@
 
     python experiments/worlds.py --out docs/results/worlds            # the table (~30 min, 2 jobs)
     python experiments/worlds.py --quick --out /tmp/worlds    # a minute: fewer rows and samples
+    python experiments/worlds.py --world world:chars@128 --only Duo --jobs 1 --out /tmp/duo
+                                                              # some rows only (docs/duo.md)
 
 Each world (``cdlm.worlds``: the Austen character chain at T = 128 and 256, the agreement world)
 is loaded as an oracle model of every process (``cdlm.model_file.oracle_model``: the network is
@@ -45,12 +47,14 @@ PROCESSES = {
                         "process.ar_weight=0"],
     "gaussian": ["process=gaussian"],
     "autoregressive": ["process=autoregressive"],
+    "uniform": ["process=uniform"],
 }  # fmt: skip
 
 
 def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
     """(label, process, conf/sampler name, options, step counts or None for every count)."""
     semi = length // 8
+    duo = [length // 16, length // 4, length]  # every step revises every position: costly
     return [
         ("MDLM ancestral", "masked", "ancestral", {}, None),
         ("LLaDA low-confidence (T=1)", "masked", "confidence", {"rule": {"temperature": 1.0}}, None),
@@ -70,6 +74,12 @@ def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
         ("SDE (Euler-Maruyama)", "gaussian", "euler_maruyama", {}, None),
         ("rolling", "gaussian", "rolling", {}, None),
         ("AR", "autoregressive", "ar", {}, [length]),
+        ("Duo ancestral (last step drawn)", "uniform", "duo_ancestral", {}, duo),
+        ("Duo ancestral (greedy last step)", "uniform", "duo_ancestral", {"last_step": "greedy"},
+         duo),
+        ("Duo Psi (ReMDM 0.01, last step drawn)", "uniform", "duo_psi", {}, duo),
+        ("Duo Psi (ReMDM 0.01, greedy last step)", "uniform", "duo_psi", {"last_step": "greedy"},
+         duo),
     ]  # fmt: skip
 
 
@@ -83,9 +93,18 @@ def finite(x):
     return x if not isinstance(x, float) or math.isfinite(x) else str(x)
 
 
-def run_world(spec: str, length: int, group: str, samples: int, quick: bool) -> dict:
+def run_world(
+    spec: str,
+    length: int,
+    group: str,
+    samples: int,
+    quick: bool,
+    only: str | None = None,
+    steps_only: list[int] | None = None,
+) -> dict:
     """The rows of one world whose process is in ``group`` ("token" or "gaussian"), in one
-    process of one thread."""
+    process of one thread; ``only``: the samplers whose label holds it; ``steps_only``: those
+    step counts."""
     torch.set_num_threads(1)
     cpu = time.process_time()
     world = worlds.load(spec, length=length)
@@ -93,10 +112,12 @@ def run_world(spec: str, length: int, group: str, samples: int, quick: bool) -> 
     reference = world.transition_reference(length)
     rows = []
     for label, process, name, options, counts in families(length):
-        if (process == "gaussian") != (group == "gaussian"):
+        if (process == "gaussian") != (group == "gaussian") or (only and only not in label):
             continue
         for steps in counts or steps_of(length):
             if quick and steps not in (max(1, length // 16), length):
+                continue
+            if steps_only and steps not in steps_only:
                 continue
             plan = Plan(num_samples=samples, seq_len=length, steps=steps, seed=0, cut_at_eos=False)
             start = time.perf_counter()
@@ -280,13 +301,21 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worlds in parallel, 1 thread each")
     parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")
     parser.add_argument("--render", action="store_true", help="redraw OUT.md from OUT.json")
+    parser.add_argument("--only", help="the samplers whose label holds this text (e.g. Duo)")
+    parser.add_argument("--world", help="one world and length, e.g. world:chars@128")
+    parser.add_argument("--steps", type=int, nargs="*", help="only these step counts")
     args = parser.parse_args()
     out = Path(args.out)
     if args.render:
         result = json.loads(out.with_suffix(".json").read_text())
     else:
         start = time.perf_counter()
-        units = [(s, n, g, args.samples, args.quick) for s, n in WORLDS for g in GROUPS]
+        units = [
+            (s, n, g, args.samples, args.quick, args.only, args.steps)
+            for s, n in WORLDS
+            for g in GROUPS
+            if args.world in (None, f"{s}@{n}")
+        ]
         with ProcessPoolExecutor(args.jobs) as pool:
             parts = list(pool.map(run_world, *zip(*units, strict=True)))
         result = {

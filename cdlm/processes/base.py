@@ -82,7 +82,9 @@ class Process(Protocol):
     an undecided canvas position, else None), ``block_size`` (the training blocks of a block
     layout, else None), ``fim`` (the sentinels of a fill-in-the-middle model, else None),
     ``trains_on_prompts`` (its loss holds the prompt of prompt→response rows and scores the
-    response only: ``cdlm.processes.prompts``).
+    response only: ``cdlm.processes.prompts``), ``uniform_noise`` (the alpha(t) schedule of a
+    corruption that redraws tokens uniformly, which an exact denoiser reads as evidence; else
+    None).
     """
 
     kind: str
@@ -100,6 +102,7 @@ class Process(Protocol):
     block_size: int | None
     fim: Any
     trains_on_prompts: bool
+    uniform_noise: nn.Module | None
     vocab_size: int
     ar_phase: bool
 
@@ -197,6 +200,7 @@ class ProcessModule(nn.Module):
     block_size: int | None = None
     fim: Any = None
     trains_on_prompts = False
+    uniform_noise: nn.Module | None = None
 
     def grid_schedule(self) -> nn.Module | None:
         """The noise schedule a logSNR-spaced sampling grid reads, or None."""

@@ -143,6 +143,12 @@ class UniformProcess(TokenProcess):
     def grid_schedule(self) -> nn.Module:
         return self.schedule
 
+    @property
+    def uniform_noise(self) -> MaskSchedule:
+        """alpha(t): an exact denoiser reads each x_t as evidence alpha [v = x_t] + (1 - alpha) / V
+        (``cdlm.worlds.uniform``)."""
+        return self.schedule
+
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         return UniformDenoiser(network)
 
