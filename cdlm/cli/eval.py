@@ -26,6 +26,7 @@ from cdlm.cli.common import (
     validate_model_and_output,
 )
 from cdlm.evaluation import metric, report
+from cdlm.evaluation.conditional_report import conditional_report, conditioning
 from cdlm.evaluation.quality import SCORER_INSTALL
 from cdlm.io import atomic_write_text
 from cdlm.run import record
@@ -40,6 +41,7 @@ from cdlm.validation import (
     Choice,
     Number,
     check,
+    require,
 )
 
 RULES = {
@@ -62,12 +64,15 @@ RULES = {
     "cut_at_eos": FLAG,
     "wandb": FLAG,
     "cases": COUNT,
+    "max_new_tokens": Number(integer=True, at_least=1, nullable=True),
 }
+REPORT = "cdlm.evaluation.harness.report"
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
     check(cfg, RULES)
+    validate_conditioning(cfg)
     validate_model_and_output(cfg)
 
 
@@ -77,6 +82,28 @@ def job_folder() -> Path | None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+def validate_conditioning(cfg: DictConfig) -> None:
+    """``prompt=``, ``infill=``, ``prompts=``: one of them, scored by a world's exact conditional
+    in place of the full report."""
+    given = conditioning(cfg)
+    if cfg.get("max_new_tokens") is not None:
+        require(cfg.get("prompt") is not None, "max_new_tokens= counts the tokens after prompt=")
+    if not given:
+        return
+    require(len(given) == 1, f"give at most one of prompt=, infill=, prompts= (got {given})")
+    require(cfg.get("task") is None, f"{given[0]}= is scored by scorer=world, not with task=")
+    require(
+        cfg.metric.get("_target_") == REPORT,
+        f"{given[0]}= is scored in place of the full report (metric=report), not another metric",
+    )
+    scorer = str(cfg.scorer)
+    require(
+        scorer == "world" or scorer.startswith("world:"),
+        f"{given[0]}= is scored against a world's exact conditional: give scorer=world (or "
+        f"scorer=world:<name>), got scorer={scorer}",
+    )
 
 
 def report_path(cfg: DictConfig, name: str) -> Path:
@@ -90,11 +117,14 @@ def report_path(cfg: DictConfig, name: str) -> Path:
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> None:
-    """The task (``task=``), else the metric (``metric=``): the ``_target_`` of its config,
+    """The task (``task=``), the conditional scores (``prompt=``, ``infill=``, ``prompts=``),
+    else the metric (``metric=``): the ``_target_`` of its config,
     built once (bad options fail before the model loads) and called with the model, loaded
     once, and this command's options (``cdlm.evaluation.metric.Metric``)."""
     if cfg.get("task") is not None:
         measure = functools.partial(suite.measure, instantiate(cfg.task))
+    elif conditioning(cfg):
+        measure = conditional_report
     else:
         measure = instantiate(cfg.metric)
     sampler = instantiate(cfg.get("sampler"))

@@ -36,7 +36,7 @@ from cdlm.processes.losses import (
 )
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import check_pieces, check_reading
-from cdlm.processes.prompts import hold_embeddings, prompt_of
+from cdlm.processes.prompts import ShowClean, check_view, hold_embeddings, prompt_of
 from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -68,6 +68,9 @@ class GaussianProcess(ProcessModule):
             share of tokens and the rest clean anchors, with its loss (``cdlm.processes.hybrid``;
             sampler=hybrid).
         eos_id: the BOS of a shifted input and of the AR phase (filled in from the tokenizer).
+        prompt_view: how fixed text (a prompt, an infill's context) reaches the network, in
+            sampling and prompt→response training alike (``cdlm.processes.prompts``):
+            ``noised`` to the current level, or ``clean`` at level 0.
     """
 
     kind = "gaussian"
@@ -93,8 +96,10 @@ class GaussianProcess(ProcessModule):
         default_sampler: str = "ddpm",
         eos_id: int | None = None,
         hybrid: HybridMasking | None = None,
+        prompt_view: str = "noised",
     ) -> None:
         super().__init__()
+        self.prompt_view = check_view(prompt_view)
         self.input = input if input is not None else VectorInput()
         self.objective = objective if objective is not None else CrossEntropy()
         check_reading(self.input, self.objective, token_noise, eos_id)
@@ -192,9 +197,12 @@ class GaussianProcess(ProcessModule):
     def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
         """Holds the non-editable positions of ``ids`` (B, L) at their ground truth: the network
         sees them noised to the current level at every step (one noise draw for the run, so an
-        ODE trajectory stays deterministic), and their x0 estimate and logits are the truth."""
+        ODE trajectory stays deterministic), or at level 0 (``prompt_view=clean``,
+        ``ShowClean``), and their x0 estimate and logits are the truth."""
         x0 = self.embedding(ids).detach()
         noise = rng.randn(x0.shape, generator, device=x0.device, dtype=x0.dtype)
+        if self.prompt_view == "clean":
+            denoiser = ShowClean(denoiser, self.schedule, ~editable, x0)
         return HoldFixed(denoiser, self.schedule, ids, ~editable, x0, noise)
 
     def noised(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
@@ -264,7 +272,7 @@ class GaussianProcess(ProcessModule):
         t = rows = self.sample_t(n, generator, device=tokens.device, length=length)
         c = self.corrupt(tokens, t, generator)
         if (prompt := prompt_of(batch)) is not None:
-            c = hold_embeddings(c, prompt, generator)
+            c = hold_embeddings(c, prompt, generator, view=self.prompt_view, schedule=self.schedule)
             t = c.t
         coin = torch.rand((), device=tokens.device, generator=generator)
         self_cond = self.training and bool(coin < self.input.self_cond_prob)

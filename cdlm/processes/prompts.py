@@ -6,6 +6,11 @@ prompt_dropout``) marks whole rows in ``prompt_dropped`` (B,): their prompt is s
 prior, as the unconditional pass of prompt guidance shows it at sampling (``cdlm.guidance.
 Guided``), so that one model learns both branches that guidance mixes. A batch without
 ``prompt`` has no prompt, and every loss is then exactly the unconditional one.
+
+The gaussian process shows a held prompt (in training and in sampling alike) in one of
+``PROMPT_VIEWS``: ``noised``, the truth noised to the row's own level (replacement inpainting),
+or ``clean``, at level 0 through the per-token levels the network reads (its level-0 mean
+alpha(0) x0, no noise draw), so that the prompt stays legible at every level (issue 50).
 """
 
 from __future__ import annotations
@@ -15,7 +20,42 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from cdlm.denoiser import Denoiser, Prediction, Wrapper, columns, per_position
 from cdlm.processes.base import Corrupted
+
+PROMPT_VIEWS = ("noised", "clean")
+
+
+def check_view(view: str) -> str:
+    """``view`` if it is one of ``PROMPT_VIEWS``, else an error that lists them."""
+    if view not in PROMPT_VIEWS:
+        raise ValueError(f"unknown prompt_view {view!r}; valid: {', '.join(PROMPT_VIEWS)}")
+    return view
+
+
+def clean_view(x0: Tensor, levels: Tensor, fixed: Tensor, schedule) -> tuple[Tensor, Tensor]:
+    """The ``clean`` view of the ``fixed`` positions (B, L): their level-0 embedding
+    alpha(0) x0 (B, L, D) and per-token levels (B, L) that are 0 there and ``levels`` ((B,) or
+    (B, L)) elsewhere; the embedding is returned for every position, the caller picks."""
+    per_token = levels if levels.dim() == 2 else levels[:, None].expand(fixed.shape)
+    zero = torch.zeros_like(per_token)
+    return per_position(schedule.alpha(zero)) * x0, torch.where(fixed, zero, per_token)
+
+
+class ShowClean(Wrapper):
+    """Shows the ``fixed`` positions (B, L) of ``x0`` (B, L, D) in the ``clean`` view before
+    each call (sampling); gaussian ``hold_fixed`` wraps it in ``HoldFixed``, which writes the
+    truth into the prediction there. A windowed call (``positions``) covers its columns only."""
+
+    def __init__(self, denoiser: Denoiser, schedule, fixed: Tensor, x0: Tensor) -> None:
+        self.denoiser, self.schedule, self.fixed, self.x0 = denoiser, schedule, fixed, x0
+
+    def __call__(self, x_t: Tensor, t: Tensor, self_cond=None, **kwargs) -> Prediction:
+        at = kwargs.get("positions")
+        fixed = columns(self.fixed, at)
+        clean, levels = clean_view(columns(self.x0, at), t, fixed, self.schedule)
+        x = torch.where(fixed[..., None], clean.to(x_t.dtype), x_t)
+        return self.denoiser(x, levels, self_cond, **kwargs)
 
 
 @dataclass
@@ -63,11 +103,21 @@ def hold_tokens(c: Corrupted, prompt: Prompt, blank_id: int) -> Corrupted:
     return replace(c, x_t=x_t, noisy=(c.noisy & ~prompt.held) | prompt.blank)
 
 
-def hold_embeddings(c: Corrupted, prompt: Prompt, generator=None) -> Corrupted:
+def hold_embeddings(
+    c: Corrupted, prompt: Prompt, generator=None, *, view: str = "noised", schedule=None
+) -> Corrupted:
     """An embedding corruption with the prompt shown as sampling shows it. A held prompt is what
-    gaussian ``hold_fixed`` feeds, the truth noised to the row's own level, which the corruption
-    holds already, so it is unchanged. A dropped one is at the prior: fresh N(0, I) noise at
-    level 1, as prompt guidance's unconditional pass shows it (``Guided.unconditional``)."""
+    gaussian ``hold_fixed`` feeds: in the ``noised`` view the truth noised to the row's own
+    level, which the corruption holds already; in the ``clean`` view its level-0 embedding at
+    level 0 (``clean_view``, with ``schedule``; no noise there). A dropped one is at the prior:
+    fresh N(0, I) noise at level 1, as prompt guidance's unconditional pass shows it
+    (``Guided.unconditional``)."""
+    if check_view(view) == "clean" and bool(prompt.held.any()):
+        clean, levels = clean_view(c.x0, c.t, prompt.held, schedule)
+        held = prompt.held[..., None]
+        x_t = torch.where(held, clean.to(c.x_t.dtype), c.x_t)
+        noise = torch.where(held, torch.zeros_like(c.noise), c.noise)
+        c = replace(c, x_t=x_t, t=levels, noise=noise)
     if not bool(prompt.blank.any()):
         return c
     blank = prompt.blank[..., None]
