@@ -62,13 +62,21 @@ def measured(parallel_jobs: int = 1) -> Iterator[Cost]:
 
 
 def commit(folder: Path | None = None) -> str | None:
-    """The git commit the job ran at (``+dirty`` with uncommitted changes); None outside git."""
-    where = str(folder or Path.cwd())
+    """The git commit of the code the job ran (``folder``, by default the checkout this cdlm is
+    imported from, whatever the working directory; ``+dirty`` with uncommitted changes); None
+    for an installed wheel or outside git."""
+    where = str(folder or Path(__file__).resolve().parents[2])
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
-        if head.returncode:
+        lines = head.stdout.split()
+        # a wheel's site-packages inside some other checkout is not that checkout's code
+        if head.returncode or Path(lines[0]).resolve() != Path(where).resolve():
             return None
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -79,7 +87,7 @@ def commit(folder: Path | None = None) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return lines[1] + ("+dirty" if dirty.stdout.strip() else "")
 
 
 @dataclass
