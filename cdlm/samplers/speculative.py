@@ -158,8 +158,9 @@ def sample_speculative(
         """One network call: the clean positions the cache lacks up to a written (a draft
         there is verified by them), the window [a, b) drafted behind them."""
         nonlocal nfe, positions
-        nfe, positions = nfe + 1, positions + (b - kv.length)
-        return denoiser.chunk(canvas, torch.arange(a, b, device=x.device), kv, start=a)
+        window = torch.arange(a, b, device=x.device)
+        nfe, positions = nfe + 1, positions + a - kv.length + len(denoiser.window_positions(window))
+        return denoiser.chunk(canvas, window, kv, start=a)
 
     while p < length:
         n = min(k - p % k, length - p)  # drafts end where the training blocks end
