@@ -4,9 +4,11 @@
 
 For each layout of ``process=block`` (size 4: shifted with its tail, the default; shifted blind
 to each block's last token, ``process.sees_last=false``; unshifted, BD3-LM's) it draws
-``--samples`` sequences with ``sampler=block`` at 4 and 16 steps per block (one token per call
-on average with the default ancestral rule, and closer to one at a time) and scores them with
-the world (``cdlm.evaluation.world_score``: the transition KL rate beside its floor). It also
+``--samples`` sequences with ``sampler=block`` at 4 and 16 steps per block with the default
+ancestral rule (one token per call on average, and closer to one at a time), and at 4 with
+exactly one token per call in a uniform order (``OneAtRandom``, the rule of the chi-square test
+in ``tests/test_block_oracle.py``, until issue 51's exact-k rule lands in the library), and
+scores them with the world (``cdlm.evaluation.world_score``: the KL rate beside its floor). It also
 integrates the oracle's block ELBO on exact world samples (stratified levels, evaluation mode)
 and gives it beside the same sequences' NLL under the world: with every revealed token in view
 the two agree in expectation, so their paired difference is the layout's own excess.
@@ -15,8 +17,11 @@ the two agree in expectation, so their paired difference is the layout's own exc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import sys
+from pathlib import Path
 
 import torch
 
@@ -26,6 +31,10 @@ from cdlm.evaluation.world_score import score_samples
 from cdlm.generation import Plan, named_sampler
 from cdlm.generation.generate import generate
 from cdlm.model_file import oracle_model
+from cdlm.samplers.masked import sample_block
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_block_oracle import OneAtRandom  # noqa: E402
 
 LAYOUTS = {
     "shifted, with its tail (the default)": ["process=block"],
@@ -75,29 +84,34 @@ def main() -> None:
     for label, overrides in LAYOUTS.items():
         model = oracle_model(world, compose("train", overrides).process)
         excess, excess_se = mean_se(bound_rows(model, world, args.bound_samples, args.draws))
-        for per_block in (4, 16):
+        runs = [
+            ("ancestral", 4, named_sampler("block", steps_per_block=4)),
+            ("ancestral", 16, named_sampler("block", steps_per_block=16)),
+            ("one at a time", 4, functools.partial(sample_block, rule=OneAtRandom(), steps_per_block=4)),
+        ]  # fmt: skip
+        for rule, per_block, sampler in runs:
             steps = args.length // 4 * per_block
             plan = Plan(args.samples, seq_len=args.length, steps=steps, seed=0, cut_at_eos=False)
-            gen = generate(model, named_sampler("block", steps_per_block=per_block), plan)
+            gen = generate(model, sampler, plan)
             tokens = torch.tensor([s.token_ids for s in gen.samples])
             score = score_samples(
                 world, tokens, floor_repeats=FLOOR_REPEATS,
                 generator=torch.Generator().manual_seed(1), reference=reference,
             )  # fmt: skip
             rows.append(
-                {"layout": label, "steps_per_block": per_block, "nfe": gen.nfe}
+                {"layout": label, "rule": rule, "steps_per_block": per_block, "nfe": gen.nfe}
                 | {k: score[k] for k in ("kl_rate", "kl_floor", "kl_floor_se", "entropy_rate")}
                 | {"kl_rate_se": score["kl_floor_se"] * math.sqrt(FLOOR_REPEATS)}
                 | {"bound_minus_nll": excess, "bound_minus_nll_se": excess_se}
             )
             print(json.dumps(rows[-1]), flush=True)
-    print("| layout | steps/block | NFE | KL rate (bits) | floor | bound − NLL (bits/token) |")
+    print("| layout | rule | steps/block | NFE | KL rate (bits) | bound − NLL (bits/token) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['layout']} | {r['steps_per_block']} | {r['nfe']} | {r['kl_rate']:.3f} ± "
-            f"{r['kl_rate_se']:.3f} | {r['kl_floor']:.4f} | {r['bound_minus_nll']:+.4f} ± "
-            f"{r['bound_minus_nll_se']:.4f} |"
+            f"| {r['layout']} | {r['rule']} | {r['steps_per_block']} | {r['nfe']} | "
+            f"{r['kl_rate']:.4f} ± {r['kl_rate_se']:.4f} | {r['bound_minus_nll']:+.3f} ± "
+            f"{r['bound_minus_nll_se']:.3f} |"
         )
     if args.out:
         with open(args.out, "w") as f:
