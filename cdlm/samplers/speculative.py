@@ -13,7 +13,7 @@ token then follows q exactly, so the samples are the causal pass's AR samples; a
 it keeps the longest prefix agreeing with q's argmax and returns AR's greedy tokens exactly.
 Rows share positions: each call commits the tokens every row accepted, plus one (a row that
 accepted further keeps its draft token there, which is still an exact draw). Drafts end where
-the training blocks end, so that a window's last position is never a block's first (which
+the training blocks end, so that a window's last predicted position is never a block's first (which
 training always shows its clean left neighbour): after a rejection the draft runs to the end
 of that block, then whole blocks again. A full acceptance
 leaves the next draft valid (one call per block); a rejection costs one more call to redraft.
