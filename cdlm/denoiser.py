@@ -97,6 +97,11 @@ class NetworkDenoiser:
         """Positions the network runs for a canvas of ``length`` (a shifted layout adds one)."""
         return length
 
+    def window_positions(self, positions: Tensor) -> Tensor:
+        """The network positions a window call for the canvas ``positions`` runs: the same,
+        unless the layout adds some (a shifted block's tail, ``cdlm.processes.block``)."""
+        return positions
+
     def known_prefix(self) -> Tensor | None:
         """The leading tokens fixed in every row (B, P), which a cached sampler may prefill in
         one call; None when nothing is held fixed."""
@@ -130,6 +135,9 @@ class Wrapper:
 
     def network_length(self, length: int) -> int:
         return self.denoiser.network_length(length)
+
+    def window_positions(self, positions: Tensor) -> Tensor:
+        return self.denoiser.window_positions(positions)
 
     def known_prefix(self) -> Tensor | None:
         return self.denoiser.known_prefix()

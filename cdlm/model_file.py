@@ -63,6 +63,15 @@ def current_names(node: Any) -> Any:
     return node
 
 
+def stored_layout(config: dict) -> dict:
+    """A stored config whose block process predates the block tail (issue 51: no
+    ``sees_last``) keeps the layout it was trained in, blind to each block's last token."""
+    process = config.get("process") or {}
+    if process.get("_target_") == "cdlm.processes.block.BlockProcess":
+        return config | {"process": {"sees_last": False} | process}
+    return config
+
+
 # A torch.save file (a Lightning .ckpt among them) is a zip archive, or in the legacy format a
 # pickle opening with its protocol (2 to 5); the first bytes say so without unpickling anything.
 _TORCH_SAVE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -180,7 +189,7 @@ def load_model(
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
     config = json.loads(meta["config"])
     _check_targets(config)
-    config = current_names(config)
+    config = stored_layout(current_names(config))
     process, network = (build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

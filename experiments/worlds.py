@@ -38,13 +38,14 @@ WORLDS = [("world:chars", 256), ("world:chars", 128), ("world:agreement", 128)]
 END = "<!-- end measured -->"  # prose after it survives regeneration
 GROUPS = ("token", "gaussian")  # each world's rows in two work units, the longest first
 FLOOR_REPEATS = 8  # exact sample sets behind each floor
-# label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout (the shifted
-# default cannot see a block's last token once it is revealed: docs/results/worlds.md)
+# label -> conf/process name and overrides; block_unshifted: BD3-LM's own layout; block_blind:
+# the shifted layout before issue 51, blind to a block's last token once it is revealed
 PROCESSES = {
     "masked": ["process=masked"],
     "block": ["process=block"],
     "block_unshifted": ["process=block", "process.shift=false", "process.causal_clean=false",
                         "process.ar_weight=0"],
+    "block_blind": ["process=block", "process.sees_last=false"],
     "gaussian": ["process=gaussian"],
     "autoregressive": ["process=autoregressive"],
     "uniform": ["process=uniform"],
@@ -66,6 +67,8 @@ def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
          [length]),
         ("block diffusion (size 4, shifted: the default)", "block", "block", {}, None),
         ("block diffusion (size 4, unshifted)", "block_unshifted", "block", {}, None),
+        ("block diffusion (size 4, shifted, blind to its last token)", "block_blind", "block", {},
+         None),
         ("speculative (oracle draft and verifier)", "block", "speculative", {}, [length]),
         ("DDPM", "gaussian", "ddpm", {}, None),
         ("DDIM (probability-flow ODE)", "gaussian", "ddim", {}, None),

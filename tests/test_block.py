@@ -54,12 +54,13 @@ def test_vectorised_mask_is_bd3lm_s():
 LAYOUTS = {
     "plain": {},
     "shifted": {"shift": True},
+    "shifted_blind": {"shift": True, "sees_last": False},
     "shifted_causal_clean": {"shift": True, "causal_clean": True},
 }
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("size", [1, 4])
+@pytest.mark.parametrize("size", [1, 4, 5])
 def test_cached_logits_equal_the_one_pass_training_logits(size, layout):
     """A block's logits read against the KV cache of its clean past (each step's call writes
     the clean positions the cache lacks), recomputed without a cache, and from the vectorised

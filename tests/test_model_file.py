@@ -167,3 +167,31 @@ def test_every_moved_name_maps_to_a_class_that_exists():
     for old, new in MOVED.items():
         module, name = new.rsplit(".", 1)
         assert getattr(importlib.import_module(module), name).__name__ == old.rsplit(".", 1)[1]
+
+
+@pytest.mark.parametrize("stored", [None, True, False])
+def test_a_block_model_stored_before_the_tail_keeps_its_blind_layout(model, tmp_path, stored):
+    """A block model's file from before issue 51 (no ``sees_last`` in its process) was trained
+    blind to each block's last token: it loads in that layout; a newer file keeps its own."""
+    from cdlm.processes.block import BlockProcess
+
+    tok = model.tokenizer
+    mask, eos = tok.mask_token_id, tok.eos_token_id
+    process = BlockProcess(len(tok), mask, 2, eos, shift=True)
+    network = Transformer(
+        d_model=16, n_layers=1, n_heads=2, max_seq_len=17, **process.network_kwargs
+    )
+    config = {
+        "process": {"_target_": "cdlm.processes.block.BlockProcess", "vocab_size": len(tok)}
+        | {"mask_id": mask, "block_size": 2, "eos_id": eos, "shift": True}
+        | ({} if stored is None else {"sees_last": stored}),
+        "network": {"_target_": "cdlm.networks.transformer.Transformer"}
+        | {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 17}
+        | process.network_kwargs,
+        "seq_len": 16,
+        "labels": [],
+    }
+    save_model(tmp_path / "m.safetensors", Model(process, network, tok, config))
+    loaded = load_model(tmp_path / "m.safetensors")
+    assert loaded.process.sees_last is bool(stored)
+    assert loaded.denoiser.tail is loaded.process.sees_last

@@ -58,7 +58,11 @@ def test_a_full_acceptance_costs_one_call_per_block():
     canvas = torch.full((1, L), MASK)
 
     class Oracle:  # drafts the AR greedy tokens, verifies with the real clean stream
-        network, parameterize = den.network, den.parameterize
+        network, parameterize, window_positions = (
+            den.network,
+            den.parameterize,
+            den.window_positions,
+        )
 
         def chunk(self, z, positions, cache=None, start=None):
             real = den.chunk(z, positions, cache, start)

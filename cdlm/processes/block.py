@@ -7,14 +7,35 @@ x_t ⊕ x0 (length 2L, both at positions 0..L-1), under BD3-LM's vectorised mask
 sees itself and the clean blocks before it; a clean position sees the clean blocks up to its own
 (``causal_clean=False``) or the clean positions up to itself (``causal_clean=True``).
 
-With ``shift`` (the configs' default) the layout is a next-token predictor's, as in Fast-dLLM v2
-and SDAR: network position i reads token i - 1 (a BOS at 0) and predicts token i, and a noisy
-block's first input is the clean token before the block. At block size 1 the noisy stream then
-reads exactly what an AR model reads, under the same attention, so an AR checkpoint drops in
-with its logits unchanged (``tests/test_block_shift.py``) and larger blocks start from AR's
-quality. With ``causal_clean`` the clean stream *is* that AR model, and ``ar_weight`` keeps it
-one with a next-token loss: its cache is an AR cache, and its outputs verify a block's draft
+With ``shift`` (the configs' default) the layout is a next-token predictor's: network position
+i reads token i - 1 (a BOS at 0) and predicts token i, and a noisy block's first input is the
+clean token before the block. At block size 1 the noisy stream then reads exactly what an AR
+model reads, under the same attention, so an AR checkpoint drops in with its logits unchanged
+(``tests/test_block_shift.py``) and larger blocks start from AR's quality. With
+``causal_clean`` the clean stream *is* that AR model, and ``ar_weight`` keeps it one with a
+next-token loss: its cache is an AR cache, and its outputs verify a block's draft
 (``sampler=speculative``).
+
+Shifted, the block [a, b) is predicted at network positions a..b-1, whose inputs are
+x_{a-1}, z_a..z_{b-2}: the block's last token z_{b-1} is nobody's input in its own block. Once
+it is revealed, the rest of the block would be drawn blind to it, which no sampler can repair
+(issue 51: KL 0.60 against 0.36 unshifted on the exact denoiser). So the block's window has one
+more input, its *tail*: z_{b-1} at network position b, seen by the whole block and predicting
+nothing. Training gives every block its tail (T more positions, one per block); sampling runs
+positions a..b. At block size 1 the tail would be the only query's own target (a [MASK] or a
+token it need not predict), so there is none, and block size 1 stays the AR model exactly.
+``sees_last=false`` is the layout before the tail (kept for the checkpoints trained in it).
+
+How AR-initialised block models elsewhere meet this (read for issue 51):
+- Fast-dLLM v2 (``Fast_dLLM_v2_7B/modeling.py``, as copied in Satgoy152/DualDiffusion at
+  1aeb3d449d403049d2532b8bcf1a0bc7cd7fa6c5): the window is the block's own B tokens with
+  next-token logits shifted one right, so every token it predicts sees the whole block, the last
+  included; the block's *first* token is drawn beforehand, greedily, from the previous block's
+  clean pass. That is exact only because it is always decoded first; here the first token stays
+  in the window (its input x_{a-1}), so any order is exact.
+- SDAR (JetAstra/SDAR, ``generate.py`` at 59549b13ed131c41abf1e9c87b10cce0d45c63ef) drops the
+  shift: logits at a block's own positions, the BD3-LM (``shift=false``) layout fine-tuned from
+  an AR model.
 
 Sampling (``cdlm.samplers.blockwise``): a window call denoises a block against the KV cache of
 the clean past and, in the same call, writes the clean positions the cache still lacks (the
@@ -58,7 +79,8 @@ class BlockDenoiser(MaskedDenoiser):
     (``positions``: one block [a, b)) predicts that block given the canvas's first a tokens as
     the clean past: with ``cache`` (a KV cache holding the clean past's first ``cache.length``
     positions) it writes the clean positions from there up to a and denoises the block in one
-    call; with no cache it recomputes the clean past in the same call."""
+    call; with no cache it recomputes the clean past in the same call. ``sees_last``: a
+    shifted block's window has its tail (module docstring) at block sizes above 1."""
 
     def __init__(
         self,
@@ -67,9 +89,18 @@ class BlockDenoiser(MaskedDenoiser):
         block_size: int,
         shift_from: int | None = None,
         causal_clean: bool = False,
+        sees_last: bool = True,
     ) -> None:
         super().__init__(network, mask_id, shift_from)
         self.block_size, self.causal_clean = block_size, causal_clean
+        self.tail = sees_last and shift_from is not None and block_size > 1
+
+    def window_positions(self, positions: Tensor) -> Tensor:
+        """The network positions a window call for the canvas ``positions`` (a block, or its
+        end) runs: those, and with a tail one more, whose input is their last token."""
+        if not self.tail:
+            return positions
+        return torch.cat([positions, positions[-1:] + 1])
 
     def __call__(
         self,
@@ -91,19 +122,26 @@ class BlockDenoiser(MaskedDenoiser):
 
     def streams(self, z: Tensor, clean: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
         """Raw outputs (B, L, V) of the noisy and the clean stream under the vectorised mask.
-        Shifted, a noisy block's first input is the clean token before it."""
+        Shifted, a noisy block's first input is the clean token before it; with tails, each
+        block's tail (its last token, at the position after it) runs between the streams."""
         length, device = z.shape[1], z.device
         pos = torch.arange(length, device=device)
         noisy_in = self.window_inputs(z, pos)
         if self.shift_from is not None:
             starts = (pos % self.block_size == 0) & (pos > 0)
             noisy_in = torch.where(starts[None], self.window_inputs(clean, pos), noisy_in)
-        inputs = torch.cat([noisy_in, self.window_inputs(clean, pos)], dim=1)
-        mask = vectorised_mask(length, self.block_size, self.causal_clean, device)
+        ends = torch.arange(self.block_size, length + self.block_size, self.block_size)
+        tails = ends.clamp(max=length).to(device) if self.tail else pos[:0]
+        at = torch.cat([pos, tails, pos])
+        inputs = torch.cat(
+            [noisy_in, self.window_inputs(z, tails), self.window_inputs(clean, pos)], 1
+        )
+        mask = vectorised_mask(length, self.block_size, self.causal_clean, self.tail, device)
         zeros = torch.zeros(z.shape[0], device=device)
-        kwargs |= stream_flags(self.network, length, length, clean_first=False, device=device)
-        out = self.network(inputs, zeros, positions=pos.repeat(2), attn_mask=mask, **kwargs)
-        return out[:, :length], out[:, length:]
+        noisy = length + len(tails)
+        kwargs |= stream_flags(self.network, length, noisy, clean_first=False, device=device)
+        out = self.network(inputs, zeros, positions=at, attn_mask=mask, **kwargs)
+        return out[:, :length], out[:, noisy:]
 
     def chunk(
         self, z: Tensor, positions: Tensor, cache=None, start: int | None = None, **kwargs
@@ -111,22 +149,24 @@ class BlockDenoiser(MaskedDenoiser):
         """One window call on canvas ``z`` for the block at ``positions`` (contiguous, from
         ``start``, by default its first; empty: a call that only writes): the clean positions
         not yet in ``cache`` up to ``start`` (all of 0..start-1 without one) are computed from z
-        in the same call and, with a cache, kept in it; the window's entries are not kept."""
+        in the same call and, with a cache, kept in it; the window's entries (its tail among
+        them, whose output is dropped) are not kept."""
         start = int(positions[0]) if start is None else start
         device = z.device
         past = 0 if cache is None else cache.length
         if past > start:
             raise ValueError(f"the cache holds {past} positions, past the block's start {start}")
-        clean = torch.arange(past, start, device=device)
-        inputs = torch.cat([self.window_inputs(z, clean), self.window_inputs(z, positions)], 1)
-        mask = chunk_mask(past, clean, len(positions), self.block_size, self.causal_clean)
+        clean, window = torch.arange(past, start, device=device), self.window_positions(positions)
+        inputs = torch.cat([self.window_inputs(z, clean), self.window_inputs(z, window)], 1)
+        mask = chunk_mask(past, clean, len(window), self.block_size, self.causal_clean)
         zeros = torch.zeros(z.shape[0], device=device)
-        at = torch.cat([clean, positions])
-        kwargs |= stream_flags(self.network, len(clean), len(positions), True, device)
+        at = torch.cat([clean, window])
+        kwargs |= stream_flags(self.network, len(clean), len(window), True, device)
         out = self.network(inputs, zeros, positions=at, attn_mask=mask, cache=cache, **kwargs)
         if cache is not None and not cache.frozen:
             cache.truncate(start)  # the clean past is kept; the window changes every step
-        return Chunk(out[:, : len(clean)], out[:, len(clean) :], clean)
+        c = len(clean)
+        return Chunk(out[:, :c], out[:, c : c + len(positions)], clean)
 
     def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
         """The clean stream alone under causal attention: next-token logits (B, L, V), row i
@@ -147,6 +187,10 @@ class BlockProcess(MaskedProcess):
             with a clean-stream input).
         shift: the next-token layout (see the module docstring); an AR checkpoint loads
             unchanged (``init_from=``) and block size 1 is that AR model. Needs ``eos_id``.
+        sees_last: with ``shift``, each block's window also reads the block's own last token
+            (its tail), in training and sampling; False: the layout blind to it, which
+            checkpoints stored before the tail keep. Unused unshifted (where a position reads
+            its own token).
         causal_clean: the clean stream under causal attention (an AR model whose cache is the
             sampler's), instead of attention up to each position's own block.
         ar_weight: weight of the clean stream's next-token loss beside the block ELBO (a
@@ -178,6 +222,7 @@ class BlockProcess(MaskedProcess):
         causal_clean: bool = False,
         ar_weight: float = 0.0,
         complementary: bool = False,
+        sees_last: bool = True,
     ) -> None:
         super().__init__(vocab_size, mask_id, eos_id, schedule, t_min, time_sampler, shift)
         if block_size < 1:
@@ -193,7 +238,7 @@ class BlockProcess(MaskedProcess):
             )
         self.block_size, self.clip = block_size, None if clip is None else tuple(clip)
         self.causal_clean, self.ar_weight = causal_clean, float(ar_weight)
-        self.complementary = complementary
+        self.complementary, self.sees_last = complementary, sees_last
 
     def check_prompts(self, prompt_dropout: float) -> None:
         """Also refuses prompt dropout: the clean stream would still show a dropped prompt to
@@ -212,7 +257,9 @@ class BlockProcess(MaskedProcess):
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         bos = self.eos_id if self.shift else None
-        return BlockDenoiser(network, self.mask_id, self.block_size, bos, self.causal_clean)
+        return BlockDenoiser(
+            network, self.mask_id, self.block_size, bos, self.causal_clean, self.sees_last
+        )
 
     def predict(self, denoiser: Denoiser, c) -> Prediction:
         return denoiser(c.x_t, c.t, clean=c.tokens)

@@ -16,14 +16,25 @@ def clean_visibility(q: Tensor, k: Tensor, block_size: int, causal: bool) -> Ten
     return (k[None, :] // block_size) <= (q[:, None] // block_size)
 
 
-def vectorised_mask(length: int, block_size: int, causal_clean: bool = False, device=None):
-    """(2L, 2L) bool, True = visible, over [x_t (L), x0 (L)] (BD3-LM Sec. 3.2)."""
+def vectorised_mask(
+    length: int, block_size: int, causal_clean: bool = False, tails: bool = False, device=None
+) -> Tensor:
+    """(2L + T, 2L + T) bool, True = visible, over [x_t (L), tails (T), x0 (L)] (BD3-LM Sec.
+    3.2): a noisy block sees itself and the clean blocks before it. ``tails``: one more noisy
+    input per block (T = the number of blocks; ``BlockDenoiser.streams``), seen with its own
+    block's and seeing them."""
     pos = torch.arange(length, device=device)
-    block = pos // block_size
-    q, k = block[:, None], block[None, :]
-    noisy_sees = torch.cat([q == k, k < q], dim=1)  # its own block; clean blocks before it
+    clean_block = pos // block_size
+    noisy_block = clean_block
+    if tails:
+        noisy_block = torch.cat(
+            [clean_block, torch.arange(-(-length // block_size), device=device)]
+        )
+    q = noisy_block[:, None]
+    noisy_sees = torch.cat([q == noisy_block[None, :], clean_block[None, :] < q], dim=1)
     clean = clean_visibility(pos, pos, block_size, causal_clean)
-    clean_sees = torch.cat([torch.zeros_like(clean), clean], dim=1)
+    hidden = torch.zeros(length, len(noisy_block), dtype=torch.bool, device=device)
+    clean_sees = torch.cat([hidden, clean], dim=1)
     return torch.cat([noisy_sees, clean_sees], dim=0)
 
 

@@ -17,6 +17,8 @@ denoiser takes the whole canvas and ``positions`` and predicts those positions o
 model a block [a, b) is predicted at network positions a..b-1 but its tokens are the inputs of
 a+1..b, so a step runs a..b (``Calls.window``): network position b is the block's, not the
 suffix's, and a dual cache that kept it would hold the block's last token as a stale [MASK].
+A shifted block model's window call runs a..b for the same reason (``window_positions``: the
+block's tail, ``cdlm.processes.block``).
 """
 
 from __future__ import annotations
@@ -57,10 +59,11 @@ class Calls:
     def block(self, x: Tensor, a: int, b: int, t: float) -> Tensor:
         """Block diffusion's log-probabilities (B, b - a, V) for the block [a, b) against its
         exact clean past; with a cache the same call writes the clean positions it lacks."""
-        tt = torch.full((x.shape[0],), t, device=self.device)
+        tt, span = torch.full((x.shape[0],), t, device=self.device), self.span(a, b)
         self.nfe += 1
-        self.positions += b - (0 if self.kv is None else self.kv.length)
-        return self.denoiser(x, tt, positions=self.span(a, b), cache=self.kv).logits
+        past = 0 if self.kv is None else self.kv.length
+        self.positions += a - past + len(self.denoiser.window_positions(span))
+        return self.denoiser(x, tt, positions=span, cache=self.kv).logits
 
     def __call__(self, x: Tensor, at: Tensor, t: float, write: bool = False) -> Tensor:
         """Log-probabilities (B, len(at), V) at positions ``at`` of canvas ``x`` (B, L); a

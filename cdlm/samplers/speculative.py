@@ -13,7 +13,7 @@ token then follows q exactly, so the samples are the causal pass's AR samples; a
 it keeps the longest prefix agreeing with q's argmax and returns AR's greedy tokens exactly.
 Rows share positions: each call commits the tokens every row accepted, plus one (a row that
 accepted further keeps its draft token there, which is still an exact draw). Drafts end where
-the training blocks end, so that a window's last position is never a block's first (which
+the training blocks end, so that a window's last predicted position is never a block's first (which
 training always shows its clean left neighbour): after a rejection the draft runs to the end
 of that block, then whole blocks again. A full acceptance
 leaves the next draft valid (one call per block); a rejection costs one more call to redraft.
@@ -158,8 +158,9 @@ def sample_speculative(
         """One network call: the clean positions the cache lacks up to a written (a draft
         there is verified by them), the window [a, b) drafted behind them."""
         nonlocal nfe, positions
-        nfe, positions = nfe + 1, positions + (b - kv.length)
-        return denoiser.chunk(canvas, torch.arange(a, b, device=x.device), kv, start=a)
+        window = torch.arange(a, b, device=x.device)
+        nfe, positions = nfe + 1, positions + a - kv.length + len(denoiser.window_positions(window))
+        return denoiser.chunk(canvas, window, kv, start=a)
 
     while p < length:
         n = min(k - p % k, length - p)  # drafts end where the training blocks end
