@@ -88,7 +88,36 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "candi": ("GaussianProcess", "Stratified", 0.0, []),  # docs/guide/levers.md, issue 39
     "masked": ("MaskedProcess", None, None, None),
     "autoregressive": ("AutoregressiveProcess", None, None, None),
+    # the rows of the studies (experiments/README.md): a process, or one lever on it
+    "gaussian": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "gaussian_self_cond": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "gaussian_embed16": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "gaussian_importance": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "masked_no_ar_phase": ("MaskedProcess", None, None, None),
+    "block": ("BlockProcess", None, None, None),
+    "uniform": ("UniformProcess", None, None, None),
+    "uniform_curriculum": ("UniformProcess", None, None, None),
+    "uniform_curriculum_world": ("UniformProcess", None, None, None),
 }
+# the one setting each study row changes from its process's defaults
+CHANGES = {
+    "gaussian_self_cond": ("process.input.self_cond_prob", 0.5),
+    "gaussian_embed16": ("process.embed_dim", 16),
+    "gaussian_importance": ("process.importance_weight", True),
+    "masked_no_ar_phase": ("phases.ar", 0.0),
+    "block": ("process.complementary", True),
+    "uniform_curriculum": ("process.curriculum.share", 0.5),
+    "uniform_curriculum_world": ("process.curriculum.gamma_max", 4),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(CHANGES))
+def test_a_study_row_changes_the_setting_it_names(recipe):
+    key, value = CHANGES[recipe]
+    base = {"gaussian": "gaussian", "masked": "masked", "block": "block", "uniform": "uniform"}
+    process = next(v for k, v in base.items() if recipe.startswith(k))
+    assert OmegaConf.select(compose_train(f"recipe={recipe}"), key) == value
+    assert OmegaConf.select(compose_train(f"process={process}"), key) != value
 
 
 def test_every_recipe_row_has_an_expectation():

@@ -47,7 +47,7 @@ def test_cli_is_thin():
     lines = sum(
         len(p.read_text(encoding="utf-8").splitlines()) for p in (PACKAGE / "cli").glob("*.py")
     )
-    assert lines < 700, f"cdlm/cli/ has {lines} lines"
+    assert lines < 750, f"cdlm/cli/ has {lines} lines"  # five entry points since cdlm-table
 
 
 def test_no_process_kind_chains():

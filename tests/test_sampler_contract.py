@@ -36,7 +36,8 @@ from cdlm.denoiser import NetworkDenoiser, Prediction, Wrapper
 from cdlm.generation import named_sampler
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.autoregressive import AutoregressiveProcess
-from cdlm.processes.block import BlockDenoiser, BlockProcess
+from cdlm.processes.block import BlockProcess
+from cdlm.processes.block_denoiser import BlockDenoiser
 from cdlm.processes.gaussian import GaussianProcess
 from cdlm.processes.hybrid import HybridMasking
 from cdlm.processes.inputs import PosteriorInput, VectorInput

@@ -11,8 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -26,7 +24,11 @@ from cdlm.cli.common import (
     validate_model_and_output,
 )
 from cdlm.evaluation import metric, report
-from cdlm.evaluation.conditional_report import conditional_report, conditioning
+from cdlm.evaluation.conditional_report import (
+    conditional_report,
+    conditioning,
+    conditioning_problem,
+)
 from cdlm.evaluation.quality import SCORER_INSTALL
 from cdlm.io import atomic_write_text
 from cdlm.run import record
@@ -66,50 +68,20 @@ RULES = {
     "cases": COUNT,
     "max_new_tokens": Number(integer=True, at_least=1, nullable=True),
 }
-REPORT = "cdlm.evaluation.harness.report"
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
     check(cfg, RULES)
-    validate_conditioning(cfg)
+    problem = conditioning_problem(cfg)
+    require(problem is None, problem or "")
     validate_model_and_output(cfg)
-
-
-def job_folder() -> Path | None:
-    """This job's own folder in a multirun (``cdlm-eval -m``), where its report and ``run.json``
-    go; None for a single run, whose report goes beside the model."""
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
-def validate_conditioning(cfg: DictConfig) -> None:
-    """``prompt=``, ``infill=``, ``prompts=``: one of them, scored by a world's exact conditional
-    in place of the full report."""
-    given = conditioning(cfg)
-    if cfg.get("max_new_tokens") is not None:
-        require(cfg.get("prompt") is not None, "max_new_tokens= counts the tokens after prompt=")
-    if not given:
-        return
-    require(len(given) == 1, f"give at most one of prompt=, infill=, prompts= (got {given})")
-    require(cfg.get("task") is None, f"{given[0]}= is scored by scorer=world, not with task=")
-    require(
-        cfg.metric.get("_target_") == REPORT,
-        f"{given[0]}= is scored in place of the full report (metric=report), not another metric",
-    )
-    scorer = str(cfg.scorer)
-    require(
-        scorer == "world" or scorer.startswith("world:"),
-        f"{given[0]}= is scored against a world's exact conditional: give scorer=world (or "
-        f"scorer=world:<name>), got scorer={scorer}",
-    )
 
 
 def report_path(cfg: DictConfig, name: str) -> Path:
     process = (cfg.get("process") or {}).get("_target_")
     path = Path(cfg.out) if cfg.out else report.default_path(str(cfg.ckpt), name, process)
-    if not cfg.out and (job := job_folder()) is not None:  # every job its own report
+    if not cfg.out and (job := record.multirun_job()) is not None:  # every job its own report
         path = job / path.name
     if not cfg.out:
         print(f"cdlm-eval: the report goes to {path} (out=FILE to choose)", file=sys.stderr)
@@ -145,10 +117,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     if cfg.wandb and measured.log:
         default_wandb_mode()
         measured.log()
-    if (job := job_folder()) is not None:  # what cdlm-table reads of a multirun's job
-        overrides = list(HydraConfig.get().overrides.task)
-        done = record.Record("cdlm-eval", overrides, cost, commit=record.commit())
-        record.write(job, done)
+    if (job := record.multirun_job()) is not None:  # what cdlm-table reads of a multirun's job
+        record.write(job, record.of_this_job("cdlm-eval", cost))
 
 
 def command() -> str:

@@ -12,12 +12,10 @@ markdown.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from cdlm.cli.common import fail
-from cdlm.io import atomic_write_text
-from cdlm.run.table import collect, markdown
+from cdlm.run.table import collect, write
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,11 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         table = collect(args.folders)
     except FileNotFoundError as e:
         fail("cdlm-table", str(e))
-    prefix = args.out or args.folders[0] / "table"
-    text = markdown(table, args.metrics)
-    atomic_write_text(prefix.with_name(prefix.name + ".json"), json.dumps(table, indent=2) + "\n")
-    atomic_write_text(prefix.with_name(prefix.name + ".md"), text)
-    print(text, end="")
+    print(write(table, args.out or args.folders[0] / "table", args.metrics), end="")
 
 
 if __name__ == "__main__":

@@ -131,24 +131,14 @@ def validate_module(cfg: DictConfig) -> None:
     )
 
 
-def finished_here(cfg: DictConfig, folder: Path) -> bool:
-    """``resume=auto`` on a folder whose run finished with these same overrides (its
-    ``run.json``): nothing is left to do, so a rerun of a study skips the job. With other
-    overrides (a longer budget, say) it resumes from the newest checkpoint as before."""
-    done = record.read(folder) if cfg.resume == "auto" else None
-    if done is None or sorted(done.overrides) != sorted(HydraConfig.get().overrides.task):
-        return False
-    print(
-        f"cdlm-train: resume=auto: {folder} holds this run, finished ({done.steps} steps); skipped"
-    )
-    return True
-
-
 def train(cfg: DictConfig) -> None:
     folder = Path(HydraConfig.get().runtime.output_dir)
     with hold(folder):  # held since main() when the folder was known up front
-        if finished_here(cfg, folder):
-            return
+        if cfg.resume == "auto" and (done := record.finished(folder)) is not None:
+            print(
+                f"cdlm-train: resume=auto: {folder} holds this run, finished ({done.steps} steps); skipped"
+            )
+            return  # a rerun of a study skips what finished; other overrides resume as before
         with discard_if_unused(folder):
             validate_module(cfg)
             default_wandb_mode()
@@ -171,14 +161,8 @@ def train(cfg: DictConfig) -> None:
             print(f"cdlm-train: error: {e}", file=sys.stderr)
             sys.exit(1)
         if training.trainer.is_global_zero and not training.trainer.interrupted:
-            done = record.Record(
-                command="cdlm-train",
-                overrides=list(HydraConfig.get().overrides.task),
-                cost=cost,
-                commit=record.commit(),
-                steps=training.trainer.global_step,
-            )
-            record.write(folder, done)
+            steps = training.trainer.global_step
+            record.write(folder, record.of_this_job("cdlm-train", cost, steps))
 
 
 def main() -> None:

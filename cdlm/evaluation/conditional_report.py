@@ -19,10 +19,39 @@ from cdlm.worlds.conditional import condition
 
 CONDITIONING = ("prompt", "infill", "prompts")
 
+REPORT = "cdlm.evaluation.harness.report"  # the metric these scores replace
+
 
 def conditioning(cfg: DictConfig) -> list[str]:
     """The conditioning options given (``prompt``, ``infill``, ``prompts``)."""
     return [k for k in CONDITIONING if cfg.get(k) is not None]
+
+
+def conditioning_problem(cfg: DictConfig) -> str | None:
+    """What is wrong with ``prompt=``, ``infill=``, ``prompts=`` on this command (one of them,
+    scored by a world's exact conditional in place of the full report); None when nothing."""
+    given = conditioning(cfg)
+    if cfg.get("max_new_tokens") is not None and cfg.get("prompt") is None:
+        return "max_new_tokens= counts the tokens after prompt="
+    if not given:
+        return None
+    scorer = str(cfg.scorer)
+    for bad, problem in (
+        (len(given) > 1, f"give at most one of prompt=, infill=, prompts= (got {given})"),
+        (cfg.get("task") is not None, f"{given[0]}= is scored by scorer=world, not with task="),
+        (
+            cfg.metric.get("_target_") != REPORT,
+            f"{given[0]}= is scored in place of the full report (metric=report), not another metric",
+        ),
+        (
+            not (scorer == "world" or scorer.startswith("world:")),
+            f"{given[0]}= is scored against a world's exact conditional: give scorer=world (or "
+            f"scorer=world:<name>), got scorer={scorer}",
+        ),
+    ):
+        if bad:
+            return problem
+    return None
 
 
 def rows_of(cfg: DictConfig) -> list[Row]:

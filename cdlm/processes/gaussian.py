@@ -1,10 +1,9 @@
 """Gaussian diffusion over learned token embeddings (Diffusion-LM, Li et al. 2022; CDCD,
 Dieleman et al. 2022; Plaid, Gulrajani & Hashimoto 2023).
 
-Tokens map to embeddings x0 = E[w] (``NormalizedEmbedding``: learned, each row of norm
-``scale * sqrt(dim)``). The forward process is variance-preserving in continuous time:
-x_t = alpha(t) x0 + sigma(t) eps. How the network reads x_t and what it predicts are composable
-pieces (``cdlm.processes.parameterization``, ``cdlm.processes.objectives``).
+Tokens map to embeddings x0 = E[w] (``NormalizedEmbedding``: learned, rows of norm ``scale *
+sqrt(dim)``), noised variance-preserving in continuous time: x_t = alpha(t) x0 + sigma(t) eps.
+How the network reads x_t and what it predicts are pieces (``parameterization``, ``objectives``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from cdlm import rng
 from cdlm.denoiser import (
     ClampToEmbeddings,
     Denoiser,
-    HoldFixed,
     Prediction,
     SelfCondGuided,
     SelfConditioned,
@@ -36,7 +34,7 @@ from cdlm.processes.losses import (
 )
 from cdlm.processes.objectives import X0MSE, CrossEntropy
 from cdlm.processes.parameterization import check_pieces, check_reading
-from cdlm.processes.prompts import ShowClean, check_view, hold_embeddings, prompt_of
+from cdlm.processes.prompts import check_view, hold_embeddings, hold_view, prompt_of
 from cdlm.processes.readouts import EmbeddingDenoiser
 from cdlm.schedules import CosineSchedule, Schedule
 from cdlm.time_samplers import TimeSampler, stratified_times
@@ -195,15 +193,10 @@ class GaussianProcess(ProcessModule):
         return torch.where((editable & seeded)[..., None], self.noised(x0, tt, noise), x)
 
     def hold_fixed(self, denoiser: Denoiser, ids: Tensor, editable: Tensor, generator) -> Denoiser:
-        """Holds the non-editable positions of ``ids`` (B, L) at their ground truth: the network
-        sees them noised to the current level at every step (one noise draw for the run, so an
-        ODE trajectory stays deterministic), or at level 0 (``prompt_view=clean``,
-        ``ShowClean``), and their x0 estimate and logits are the truth."""
+        """Holds the non-editable positions of ``ids`` (B, L) at their ground truth
+        (``cdlm.processes.prompts.hold_view``: noised or clean, ``prompt_view``)."""
         x0 = self.embedding(ids).detach()
-        noise = rng.randn(x0.shape, generator, device=x0.device, dtype=x0.dtype)
-        if self.prompt_view == "clean":
-            denoiser = ShowClean(denoiser, self.schedule, ~editable, x0)
-        return HoldFixed(denoiser, self.schedule, ids, ~editable, x0, noise)
+        return hold_view(denoiser, self.schedule, ids, ~editable, x0, self.prompt_view, generator)
 
     def noised(self, x0: Tensor, t: Tensor, noise: Tensor) -> Tensor:
         """x_t = alpha(t) x0 + sigma(t) noise; x0, noise: (B, L, D); t: (B,) or per token (B, L)."""

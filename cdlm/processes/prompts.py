@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from cdlm.denoiser import Denoiser, Prediction, Wrapper, columns, per_position
+from cdlm import rng
+from cdlm.denoiser import Denoiser, HoldFixed, Prediction, Wrapper, columns, per_position
 from cdlm.processes.base import Corrupted
 
 PROMPT_VIEWS = ("noised", "clean")
@@ -56,6 +57,19 @@ class ShowClean(Wrapper):
         clean, levels = clean_view(columns(self.x0, at), t, fixed, self.schedule)
         x = torch.where(fixed[..., None], clean.to(x_t.dtype), x_t)
         return self.denoiser(x, levels, self_cond, **kwargs)
+
+
+def hold_view(
+    denoiser: Denoiser, schedule, ids: Tensor, fixed: Tensor, x0: Tensor, view: str, generator
+) -> Denoiser:
+    """A gaussian denoiser that holds the ``fixed`` positions of ``ids`` (B, L) at their ground
+    truth ``x0``: the network sees them noised to the current level at every step (one noise
+    draw for the run, so an ODE trajectory stays deterministic), or at level 0 (``view`` clean:
+    ``ShowClean``), and their x0 estimate and logits are the truth (``HoldFixed``)."""
+    noise = rng.randn(x0.shape, generator, device=x0.device, dtype=x0.dtype)
+    if view == "clean":
+        denoiser = ShowClean(denoiser, schedule, fixed, x0)
+    return HoldFixed(denoiser, schedule, ids, fixed, x0, noise)
 
 
 @dataclass

@@ -53,21 +53,21 @@ def _records(data: bytes) -> Iterator[bytes]:
         if _BLOCK - pos % _BLOCK < 7:  # a block's tail too short for a header is padding
             pos += _BLOCK - pos % _BLOCK
             continue
-        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:  # zero padding to the block's end
+        crc, length, part = struct.unpack("<IHB", data[pos : pos + 7])
+        if part == 0 and length == 0:  # zero padding to the block's end
             pos += _BLOCK - pos % _BLOCK
             continue
         payload = data[pos + 7 : pos + 7 + length]
-        if len(payload) < length or zlib.crc32(bytes([kind]) + payload) != crc:
+        if len(payload) < length or zlib.crc32(bytes([part]) + payload) != crc:
             return  # the run is still being written, or was cut: what came before stands
         pos += 7 + length
-        if kind == _FULL:
+        if part == _FULL:
             yield payload
-        elif kind == _FIRST:
+        elif part == _FIRST:
             pending = payload
-        elif kind == _MIDDLE:
+        elif part == _MIDDLE:
             pending += payload
-        elif kind == _LAST:
+        elif part == _LAST:
             yield pending + payload
 
 

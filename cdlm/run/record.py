@@ -146,3 +146,31 @@ def launcher_jobs() -> int:
     if n is None:
         return 1
     return os.cpu_count() or 1 if int(n) < 0 else int(n)
+
+
+def multirun_job() -> Path | None:
+    """This job's own folder in a Hydra multirun; None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def of_this_job(command: str, cost: Cost, steps: int | None = None) -> Record:
+    """The record of the Hydra job running now: its overrides, this cost, the code's commit."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task)
+    return Record(command, overrides, cost, commit=commit(), steps=steps)
+
+
+def finished(folder: Path) -> Record | None:
+    """The folder's record when it holds a finished run of the Hydra job running now (the same
+    overrides), else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    done = read(folder)
+    same = done is not None and sorted(done.overrides) == sorted(HydraConfig.get().overrides.task)
+    return done if same else None

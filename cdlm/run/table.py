@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from cdlm.io import atomic_write_text
 from cdlm.run import logs, record
 
 # The training metrics a markdown table shows unless asked for others (JSON keeps them all).
@@ -168,3 +169,12 @@ def markdown(table: dict, metrics: list[str] | None = None) -> str:
         ]
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write(table: dict, prefix: Path, metrics: list[str] | None = None) -> str:
+    """Writes ``PREFIX.json`` (every row, every metric) and ``PREFIX.md`` atomically; returns
+    the markdown."""
+    text = markdown(table, metrics)
+    atomic_write_text(prefix.with_name(prefix.name + ".json"), json.dumps(table, indent=2) + "\n")
+    atomic_write_text(prefix.with_name(prefix.name + ".md"), text)
+    return text

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from cdlm import rng
 from cdlm.denoiser import Prediction
-from cdlm.processes.block import BlockDenoiser
+from cdlm.processes.block_denoiser import BlockDenoiser
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
 from cdlm.samplers.masked_steps import ended_at_eos
 
