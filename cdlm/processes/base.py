@@ -82,7 +82,9 @@ class Process(Protocol):
     an undecided canvas position, else None), ``block_size`` (the training blocks of a block
     layout, else None), ``fim`` (the sentinels of a fill-in-the-middle model, else None),
     ``trains_on_prompts`` (its loss holds the prompt of prompt→response rows and scores the
-    response only: ``cdlm.processes.prompts``).
+    response only: ``cdlm.processes.prompts``), ``tight_at_posterior`` (its bound with the
+    world's exact posterior as the denoiser is -log p in expectation, so an oracle's bound is the
+    floor a model's is measured against: ``cdlm.training.excess``).
     """
 
     kind: str
@@ -100,6 +102,7 @@ class Process(Protocol):
     block_size: int | None
     fim: Any
     trains_on_prompts: bool
+    tight_at_posterior: bool
     vocab_size: int
     ar_phase: bool
 
@@ -197,6 +200,7 @@ class ProcessModule(nn.Module):
     block_size: int | None = None
     fim: Any = None
     trains_on_prompts = False
+    tight_at_posterior = True
 
     def grid_schedule(self) -> nn.Module | None:
         """The noise schedule a logSNR-spaced sampling grid reads, or None."""
