@@ -44,7 +44,9 @@ def test_an_ar_models_excess_is_its_nll_minus_the_worlds():
     unigram = Unigram(world.vocab_size)
     model = Model(oracle.process, unigram, oracle.tokenizer, oracle.config)
     options = {"seed": 0, "draws": 3, "group_size": GROUP}
-    found = paired_bound(group_bits(model, tokens, **options), group_bits(oracle, tokens, **options))
+    found = paired_bound(
+        group_bits(model, tokens, **options), group_bits(oracle, tokens, **options)
+    )
     mine = -unigram.logits.detach().double().log_softmax(-1)[tokens].mean(-1) / math.log(2)
     theirs = -world.log_prob(tokens).double() / LEN / math.log(2)
     diff = (mine - theirs).view(-1, GROUP).mean(-1)  # per group of GROUP sequences

@@ -30,7 +30,6 @@ class WorldExcess(L.Callback):
 
     Args:
         world: ``world:<name>``, the run's data (``${oc.select:data.world,null}``); None: off.
-        seq_len: the run's sequence length (the oracle's world is built at it).
         sequences: validation sequences scored (at most the data's ``val_size``).
         draws: noise draws of a diffusion bound per sequence (an exact likelihood takes one).
         group_size: sequences per batch, the unit of the standard error.
@@ -40,7 +39,6 @@ class WorldExcess(L.Callback):
     def __init__(
         self,
         world: str | None,
-        seq_len: int | None = None,
         sequences: int = 256,
         draws: int = 4,
         group_size: int = 8,
@@ -49,7 +47,7 @@ class WorldExcess(L.Callback):
         for key, value in (("sequences", sequences), ("draws", draws), ("group_size", group_size)):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"callbacks.excess.{key} must be an integer >= 1, got {value!r}")
-        self.world, self.seq_len = world, seq_len
+        self.world = world
         self.sequences, self.draws, self.group_size, self.seed = sequences, draws, group_size, seed
         self.cached: GroupBits | None = None  # the oracle's, where it does not read the model
 
@@ -84,8 +82,8 @@ class WorldExcess(L.Callback):
         if self.cached is not None:
             return self.cached
         world = worlds.load(self.world)
-        if self.seq_len is not None and world.length != self.seq_len:
-            world = worlds.load(self.world, length=self.seq_len)
+        if world.length != tokens.shape[1]:  # the oracle's world at the data's length
+            world = worlds.load(self.world, length=tokens.shape[1])
         if not model.process.tight_at_posterior:  # its oracle's bound is no floor: the NLL is
             self.cached = nll_group_bits(world, tokens, group_size=self.group_size)
             return self.cached
