@@ -41,7 +41,7 @@ class WorldExcess(L.Callback):
         world: str | None,
         sequences: int = 256,
         draws: int = 4,
-        group_size: int = 8,
+        group_size: int = 16,
         seed: int = 0,
     ) -> None:
         for key, value in (("sequences", sequences), ("draws", draws), ("group_size", group_size)):
