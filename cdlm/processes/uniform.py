@@ -84,7 +84,7 @@ class UniformProcess(TokenProcess):
         curriculum: Duo's Gaussian curriculum (``cdlm.processes.curriculum``): relaxed inputs
             for a share of training; off by default. Evaluation always uses the exact corruption.
         importance_weight, flat_weight, complementary: the training levers of
-            ``MaskedProcess``; the flat weight divides the integrand by |``weight(t)``|.
+            ``MaskedProcess``; the flat weight divides the integrand by |alpha'/alpha|.
         time_conditioning: whether the network reads the level (False: it reads 0).
     """
 
@@ -187,11 +187,12 @@ class UniformProcess(TokenProcess):
         self, logp: Tensor, x_t: Tensor, x0: Tensor, keep: Tensor, dkeep: Tensor
     ) -> Tensor:
         """(B, L) the NELBO integrand (``uniform_nelbo``); with ``flat_weight`` in training,
-        divided by the magnitude of the ELBO's factor alpha' / (V alpha): the bracket alone."""
+        divided by |alpha' / alpha|, the ELBO's time weight: the bracket over V, whose scale
+        is the ELBO's (dividing by V too would multiply the loss by the vocabulary size)."""
         per = uniform_nelbo(logp, x_t, x0, keep, dkeep)
         if not (self.training and self.flat_weight):
             return per
-        factor = (dkeep.double() / (self.vocab_size * keep.double())).abs()
+        factor = (dkeep.double() / keep.double()).abs()
         return per / (factor if factor.dim() == 2 else factor[:, None])
 
     def prior(
