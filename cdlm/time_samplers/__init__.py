@@ -13,7 +13,11 @@ changes nothing; ``observe(t, loss)`` lets learned samplers see the per-sequence
 times, and ``set_progress(p)`` tells schedules over training how far the budget has gone (both
 called explicitly, by the training module and ``cdlm.training.phases.Phases``).
 Samplers with a known ``density(t)`` let a process importance-weight its loss by 1 / density,
-which keeps the uniform-t objective (and, for a bound, its value) unbiased under the proposal.
+which keeps the uniform-t objective (and, for a bound, its value) unbiased under the proposal,
+if it draws every level (``covers_all_levels``; ``Clipped`` does not).
+
+Modules: ``base`` (the contract, stratified times), ``shaped`` (logit-normal, bell, clipped),
+``curriculum`` (a range rising over the budget), ``learned`` (CDCD warping, log-SNR Gumbel).
 """
 
 from cdlm.time_samplers.base import (
