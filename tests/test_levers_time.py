@@ -37,6 +37,8 @@ def test_bell_is_the_truncated_normal_drawn_one_per_stratum():
     assert sorted(cells.floor().long().clamp_max(n - 1).tolist()) == list(range(n))
     with pytest.raises(ValueError, match="bell std must be > 0"):
         Bell(std=0.0)
+    with pytest.raises(ValueError, match="bell mean must be a level in"):
+        Bell(mean=1.5)
 
 
 def test_clipped_draws_one_time_per_stratum_of_its_interval_and_nothing_outside():

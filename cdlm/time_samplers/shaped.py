@@ -57,6 +57,8 @@ class Bell(TimeSampler):
         super().__init__()
         if not std > 0:
             raise ValueError(f"bell std must be > 0, got {std}")
+        if not 0.0 <= mean <= 1.0:  # a peak outside [0, 1] is no bell, and its mass vanishes
+            raise ValueError(f"bell mean must be a level in [0, 1], got {mean}")
         self.mean, self.std = mean, std
 
     def _ends(self) -> tuple[Tensor, Tensor]:
