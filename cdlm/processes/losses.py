@@ -1,5 +1,6 @@
 """The token-level loss pieces the processes share: which positions count, their mean, the
-next-token loss of an AR phase, and the mean score of hidden tokens."""
+next-token loss of an AR phase, the mean score of hidden tokens, and which training levers
+combine."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import Tensor
 
 from cdlm.denoiser import full_precision
 from cdlm.processes.base import LossOutput
+from cdlm.time_samplers import TimeSampler, check_reweightable
 
 
 def valid_mask(batch: dict[str, Tensor]) -> Tensor:
@@ -55,3 +57,15 @@ def level_observation(t: Tensor, token_losses: Tensor, valid: Tensor) -> tuple[T
     per_seq = (token_losses * valid).sum(-1) / valid.sum(-1).clamp_min(1)
     level = t if t.dim() == 1 else t[:, 0]
     return level[shared].detach(), per_seq[shared].detach()
+
+
+def check_levers(sampler: TimeSampler, importance_weight: bool, complementary: bool) -> None:
+    """Refuses training levers that do not combine: importance weights need a proposal that
+    draws every level, and the complementary half's level is not drawn from the proposal."""
+    if importance_weight:
+        check_reweightable(sampler, "process.importance_weight")
+    if importance_weight and complementary:
+        raise ValueError(
+            "process.importance_weight and process.complementary do not combine: the "
+            "complementary level is not a draw of the time sampler; set one of them to false"
+        )

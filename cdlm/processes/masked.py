@@ -21,82 +21,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cdlm import rng
-from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, full_precision
+from cdlm.denoiser import Denoiser, Prediction
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput
-from cdlm.processes.losses import mean_hidden, next_token_loss, valid_mask
+from cdlm.processes.complement import with_masked_complement
+from cdlm.processes.losses import check_levers, mean_hidden, next_token_loss, valid_mask
+from cdlm.processes.masked_denoiser import MaskedDenoiser
 from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.processes.token_process import TokenProcess
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
-
-
-class MaskedDenoiser(NetworkDenoiser):
-    """SUBS: log-probabilities with -inf on [MASK], and unmasked inputs copied through.
-
-    With ``shift_from`` (a BOS id) the prediction for position i is read from the network's
-    output at position i - 1 of the input [BOS, z_0, ..., z_{L-1}] (Dream, Ye et al. 2025): the
-    layout of a next-token predictor, so an AR checkpoint drops in unchanged, and a masked
-    position's left neighbour reaches its prediction through the residual stream rather than
-    only through attention (which is what keeps a masked model from scratch on the unigram
-    plateau for hundreds of steps).
-    """
-
-    def __init__(self, network: nn.Module, mask_id: int, shift_from: int | None = None) -> None:
-        self.network, self.mask_id, self.shift_from = network, mask_id, shift_from
-
-    def __call__(
-        self,
-        z: Tensor,
-        t: Tensor,
-        self_cond: Tensor | None = None,
-        subs: bool = True,
-        *,
-        positions: Tensor | None = None,
-        **kwargs,
-    ) -> Prediction:
-        """z: the whole canvas (B, L). ``positions`` (W,): predict only those canvas positions
-        (a window, e.g. a block attending to a KV cache passed in ``cache``); the network reads
-        the inputs that feed them (z there, or z one to the left after the BOS when shifted),
-        at those absolute positions. ``subs=False`` skips the carry-over of unmasked inputs.
-        Other keywords (label, cache) reach the network. Returns (B, L or W, V)."""
-        zeros = torch.zeros(z.shape[0], device=z.device)
-        if positions is None:
-            if self.shift_from is None:
-                out = self.network(z, zeros, **kwargs)
-            else:
-                bos = torch.full_like(z[:, :1], self.shift_from)
-                out = self.network(torch.cat([bos, z], dim=1), zeros, **kwargs)[:, :-1]
-            seen = z
-        else:
-            inputs = self.window_inputs(z, positions)
-            out = self.network(inputs, zeros, positions=positions, **kwargs)
-            seen = z[:, positions.clamp(max=z.shape[1] - 1)]
-        return self.parameterize(out, seen, subs)
-
-    def parameterize(self, out: Tensor, seen: Tensor, subs: bool = True) -> Prediction:
-        """SUBS (MDLM Sec. 3.2): log-probabilities of the network's ``out`` (B, W, V) with none
-        on [MASK], and each unmasked input of ``seen`` (B, W) carried over (unless not
-        ``subs``)."""
-        logits = full_precision(out)
-        no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        no_mask[self.mask_id] = True
-        logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
-        if not subs:
-            return Prediction(logits=logp)
-        carried = torch.full_like(logp, -math.inf).scatter_(-1, seen[..., None], 0.0)
-        return Prediction(logits=torch.where((seen != self.mask_id)[..., None], carried, logp))
-
-    def window_inputs(self, z: Tensor, positions: Tensor) -> Tensor:
-        """The network inputs at ``positions`` of its own sequence: z[positions], or, shifted,
-        z[positions - 1] with the BOS at 0 (network position L then holds z's last token)."""
-        if self.shift_from is None:
-            return z[:, positions]
-        left = z[:, (positions - 1).clamp(min=0)]
-        return torch.where(positions[None] == 0, self.shift_from, left)
-
-    def network_length(self, length: int) -> int:
-        """Positions of the network's sequence for a canvas of ``length`` (+1 for the BOS)."""
-        return length + (self.shift_from is not None)
 
 
 class MaskedProcess(TokenProcess):
@@ -115,6 +48,13 @@ class MaskedProcess(TokenProcess):
         time_sampler: where training draws t (``cdlm.time_samplers``: stratified uniform, the
             unbiased bound, by default; a mask-rate curriculum; CDCD warping). Evaluation always
             uses stratified uniform t, so the logged bound is the true one.
+        importance_weight: divide each row's training integrand by the time sampler's
+            density at its level, so the training loss is an unbiased estimate of the bound
+            under any proposal that draws every level.
+        flat_weight: train on the masked CE with weight 1 instead of the ELBO's
+            -keep'/(1 - keep) (1/t, log-linear); Sahoo et al. 2026. Evaluation keeps the bound.
+        complementary: also train every sequence under its complementary mask
+            (``cdlm.processes.complement``), so every token is a target once per step.
     """
 
     kind = "masked"
@@ -135,6 +75,9 @@ class MaskedProcess(TokenProcess):
         t_min: float = 1e-3,
         time_sampler: TimeSampler | None = None,
         shift: bool = False,
+        importance_weight: bool = False,
+        flat_weight: bool = False,
+        complementary: bool = False,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -151,6 +94,9 @@ class MaskedProcess(TokenProcess):
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         self.time_sampler.attach(self.schedule)
+        self.importance_weight, self.flat_weight = importance_weight, flat_weight
+        self.complementary = complementary
+        check_levers(self.time_sampler, importance_weight, complementary)
 
     @property
     def canvas_id(self) -> int:
@@ -198,6 +144,16 @@ class MaskedProcess(TokenProcess):
         """The ELBO weight of the masked CE at t: -keep'(t) / (1 - keep(t)) (MDLM eq. 10)."""
         return -self.schedule.dkeep(t) / (1.0 - self.schedule.keep(t))
 
+    def training_weight(self, t: Tensor) -> Tensor:
+        """The weight the loss puts on the masked CE: the ELBO's, or 1 in training with
+        ``flat_weight`` (evaluation always reports the bound)."""
+        return torch.ones_like(t) if self.training and self.flat_weight else self.weight(t)
+
+    def passes_per_step(self) -> float:
+        """Network passes over a batch-sized input per training step, for FLOP counting: 2
+        with complementary masking (each sequence is scored twice), else 1."""
+        return 2.0 if self.complementary else 1.0
+
     def elbo(self, denoiser: Denoiser, c: Corrupted, valid: Tensor) -> tuple[Tensor, Tensor]:
         """(ELBO integrand summed over valid positions (B,), mean CE per masked token (B,)),
         both in nats."""
@@ -209,10 +165,14 @@ class MaskedProcess(TokenProcess):
             c.tokens
         )
         scored = c.noisy & valid
-        weight = self.weight(c.t)
+        weight = self.training_weight(c.t)
         weight = weight[:, None] if weight.dim() == 1 else weight  # per sequence or per token
         per_masked = (nll * scored).sum(-1) / scored.sum(-1).clamp_min(1)
         return (weight * nll * scored).sum(-1), per_masked
+
+    def unit_level(self, t: Tensor) -> Tensor:
+        """A level t in [t_min, 1] in the time sampler's own units, [0, 1]."""
+        return (t - self.t_min) / (1.0 - self.t_min)
 
     def sample_t(
         self,
@@ -239,15 +199,20 @@ class MaskedProcess(TokenProcess):
             return next_token_loss(denoiser(tokens, zeros, subs=False).logits, tokens, valid)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         c = self.corrupt(tokens, t, generator)
+        if self.training and self.complementary:
+            c = with_masked_complement(c, self.schedule, self.mask_id, self.t_min)
+            valid = valid.repeat(2, 1)
         prompt = prompt_of(batch)
-        if prompt is not None:
-            c = hold_tokens(c, prompt, self.mask_id)
+        if prompt is not None:  # after the complement, which would mask a held prompt
+            c = hold_tokens(c, prompt.repeat(len(c.t) // len(t)), self.mask_id)
         integrand, per_masked = self.elbo(denoiser, c, valid)
+        if self.training and self.importance_weight:
+            integrand = integrand / self.time_sampler.density(self.unit_level(c.t))
         nats = integrand.sum() / valid.sum().clamp_min(1)
         observation = None
         if self.training and t.dim() == 1:  # a learned time sampler sees one level per row
             seen = (c.noisy & valid).any(-1)  # a row without masks says nothing about its level
-            u = (t - self.t_min) / (1.0 - self.t_min)  # the time sampler's own units
+            u = self.unit_level(c.t)
             observation = (u[seen].detach(), per_masked[seen].detach())
         return LossOutput(nats, {"bits_per_token": nats.detach() / math.log(2)}, observation)
 

@@ -13,7 +13,7 @@ token i = x_t, is (Duo eq. 11; the reference's ``DUO_BASE.nll_per_token`` in ano
                          - sum_j (x_bar_j / x_bar_i) log(x_bar_theta_i x_bar_j / (x_bar_theta_j x_bar_i)) ]
 
 which is >= 0 (alpha' < 0) and 0 when x_bar_theta = x_bar. The network reads time (its level
-is not in the input, unlike masking's count of masks).
+is not in the input, unlike masking's count of masks) unless ``time_conditioning=False``.
 """
 
 from __future__ import annotations
@@ -26,48 +26,28 @@ from torch import Tensor, nn
 from cdlm import rng
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
 from cdlm.processes.base import Corrupted, LevelEval, LossOutput
+from cdlm.processes.complement import with_uniform_complement
 from cdlm.processes.curriculum import GaussianCurriculum, Relaxed
 from cdlm.processes.duality import argmax_pair, draw_runner, logsnr_of_alpha
-from cdlm.processes.losses import valid_mask
+from cdlm.processes.losses import check_levers, valid_mask
 from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.processes.token_process import TokenProcess
+from cdlm.processes.uniform_bound import uniform_nelbo
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
-
-
-def uniform_nelbo(logp: Tensor, x_t: Tensor, x0: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
-    """(B, L) the continuous-time NELBO integrand per position (module docstring), float64.
-
-    logp: (B, L, V) the model's log x0-probabilities; x_t, x0: (B, L) ids; alpha, dalpha: the
-    schedule's alpha(t) and alpha'(t), each (B,) or per token (B, L). x_bar takes two values
-    only (V alpha + 1 - alpha at x0, 1 - alpha elsewhere) and sums to V, so the sum over j
-    reduces to sums of log x_bar_theta: one (B, L, V) tensor in ``logp``'s precision (fp32 in
-    training, as the reference), everything after the sums over V in float64."""
-    vocab = logp.shape[-1]
-    alpha, dalpha = (v.double() if v.dim() == 2 else v.double()[:, None] for v in (alpha, dalpha))
-    a = alpha.to(logp.dtype)[..., None]
-    log_theta = torch.log(vocab * a * logp.exp() + (1 - a))  # log x_bar_theta, (B, L, V)
-    theta_i = log_theta.gather(-1, x_t[..., None]).squeeze(-1).double()
-    theta_x = log_theta.gather(-1, x0[..., None]).squeeze(-1).double()
-    keep, peak = 1 - alpha, vocab * alpha + 1 - alpha  # x_bar off and at x0
-    bar_i = torch.where(x_t == x0, peak, keep)
-    bar_log_bar = (vocab - 1) * torch.xlogy(keep, keep) + peak * peak.log()  # sum_j x_j log x_j
-    bar_log_theta = keep * log_theta.sum(-1, dtype=torch.float64) + vocab * alpha * theta_x
-    kl = (vocab * (theta_i - bar_i.log()) + bar_log_bar - bar_log_theta) / bar_i
-    bracket = vocab / bar_i - vocab * torch.exp(-theta_i) - kl
-    return dalpha / (vocab * alpha) * bracket
 
 
 class UniformDenoiser(NetworkDenoiser):
     """log-probabilities of the clean token at every position. The network reads one level
     per sequence: per-token levels (B, L) are averaged, as the reference's ``_process_sigma``
-    averages its per-token sigma."""
+    averages its per-token sigma; without ``time_conditioning`` it reads 0 (no level)."""
 
-    def __init__(self, network: nn.Module) -> None:
-        self.network = network
+    def __init__(self, network: nn.Module, time_conditioning: bool = True) -> None:
+        self.network, self.time_conditioning = network, time_conditioning
 
     def __call__(self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs):
         level = t.mean(-1) if t.dim() == 2 else t
+        level = level if self.time_conditioning else torch.zeros_like(level)
         return Prediction(logits=full_precision(self.network(z, level, **kwargs)).log_softmax(-1))
 
 
@@ -103,6 +83,9 @@ class UniformProcess(TokenProcess):
         time_sampler: where training draws t; evaluation uses stratified uniform t.
         curriculum: Duo's Gaussian curriculum (``cdlm.processes.curriculum``): relaxed inputs
             for a share of training; off by default. Evaluation always uses the exact corruption.
+        importance_weight, flat_weight, complementary: the training levers of
+            ``MaskedProcess``; the flat weight divides the integrand by |alpha'/alpha|.
+        time_conditioning: whether the network reads the level (False: it reads 0).
     """
 
     kind = "uniform"
@@ -122,6 +105,10 @@ class UniformProcess(TokenProcess):
         t_min: float = 1e-3,
         time_sampler: TimeSampler | None = None,
         curriculum: GaussianCurriculum | None = None,
+        importance_weight: bool = False,
+        flat_weight: bool = False,
+        complementary: bool = False,
+        time_conditioning: bool = True,
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -134,6 +121,14 @@ class UniformProcess(TokenProcess):
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         self.time_sampler.attach(self.schedule)
         self.curriculum = curriculum if curriculum is not None else GaussianCurriculum()
+        self.importance_weight, self.flat_weight = importance_weight, flat_weight
+        self.complementary, self.time_conditioning = complementary, time_conditioning
+        check_levers(self.time_sampler, importance_weight, complementary)
+        if complementary and self.curriculum.share > 0:
+            raise ValueError(
+                "process.complementary applies to the exact corruption: set "
+                "process.curriculum.share=0 (the curriculum's relaxed input has no complement)"
+            )
 
     def set_progress(self, progress: float) -> None:
         """The time sampler's and the curriculum's share of the budget spent."""
@@ -150,7 +145,7 @@ class UniformProcess(TokenProcess):
         return self.schedule
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return UniformDenoiser(network)
+        return UniformDenoiser(network, self.time_conditioning)
 
     def keep(self, t: Tensor) -> Tensor:
         """alpha(t) shaped to (B, L) tokens: t is (B,) or per token (B, L)."""
@@ -189,6 +184,23 @@ class UniformProcess(TokenProcess):
         """The ELBO's factor alpha'(t) / (V alpha(t)) before the bracket (module docstring)."""
         return self.schedule.dkeep(t) / (self.vocab_size * self.schedule.keep(t))
 
+    def passes_per_step(self) -> float:
+        """Network passes over a batch-sized input per training step, for FLOP counting: 2
+        with complementary corruption (each sequence is scored twice), else 1."""
+        return 2.0 if self.complementary else 1.0
+
+    def integrand(
+        self, logp: Tensor, x_t: Tensor, x0: Tensor, keep: Tensor, dkeep: Tensor
+    ) -> Tensor:
+        """(B, L) the NELBO integrand (``uniform_nelbo``); with ``flat_weight`` in training,
+        divided by |alpha' / alpha|, the ELBO's time weight: the bracket over V, whose scale
+        is the ELBO's (dividing by V too would multiply the loss by the vocabulary size)."""
+        per = uniform_nelbo(logp, x_t, x0, keep, dkeep)
+        if not (self.training and self.flat_weight):
+            return per
+        factor = (dkeep.double() / keep.double()).abs()
+        return per / (factor if factor.dim() == 2 else factor[:, None])
+
     def prior(
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
     ) -> Tensor:
@@ -198,7 +210,7 @@ class UniformProcess(TokenProcess):
     def elbo_terms(self, logp: Tensor, c: Corrupted, valid: Tensor) -> Tensor:
         """(B,) the ELBO integrand summed over the valid positions, nats."""
         t = c.t
-        per = uniform_nelbo(logp, c.x_t, c.tokens, self.schedule.keep(t), self.schedule.dkeep(t))
+        per = self.integrand(logp, c.x_t, c.tokens, self.schedule.keep(t), self.schedule.dkeep(t))
         return (per * valid).sum(-1)
 
     def sample_t(
@@ -226,14 +238,21 @@ class UniformProcess(TokenProcess):
         if self.training and self.curriculum.active():
             r, tau = self.relax(tokens, t, generator), self.curriculum.temperature()
             logp = denoiser(r.soft, self.schedule.time_of(r.keep)).logits
-            per_row = (uniform_nelbo(logp, r.x_t, tokens, r.keep, r.dkeep) * valid).sum(-1)
+            per_row = (self.integrand(logp, r.x_t, tokens, r.keep, r.dkeep) * valid).sum(-1)
         else:
             c = self.corrupt(tokens, t, generator)
+            if self.training and self.complementary:
+                c = with_uniform_complement(
+                    c, self.schedule, self.vocab_size, self.t_min, generator
+                )
+                valid = valid.repeat(2, 1)
             prompt = prompt_of(batch)
             if prompt is not None:  # never dropped here (check_prompts): no blank to show
-                c = hold_tokens(c, prompt, blank_id=0)
+                c = hold_tokens(c, prompt.repeat(len(c.t) // len(t)), blank_id=0)
             logp = denoiser(c.x_t, c.t).logits
             per_row = self.elbo_terms(logp, c, valid)
+        if self.training and self.importance_weight:
+            per_row = per_row / self.time_sampler.density((t - self.t_min) / (1.0 - self.t_min))
         nats = (per_row.sum() / valid.sum().clamp_min(1)).to(logp.dtype)
         bits = nats.detach() / math.log(2)
         return LossOutput(nats, {"bits_per_token": bits, "curriculum_tau": torch.tensor(tau)})
