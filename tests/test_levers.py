@@ -1,4 +1,4 @@
-"""Learning-efficiency levers of the masked and uniform processes (docs/levers.md): the flat loss
+"""Learning-efficiency levers of the masked and uniform processes (docs/guide/levers.md): the flat loss
 weight, complementary masking, and time conditioning, each checked exactly against the draws
 it changes."""
 
@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from cdlm.networks.transformer import Transformer
-from cdlm.processes.block import BlockProcess
 from cdlm.processes.complement import with_masked_complement, with_uniform_complement
 from cdlm.processes.masked import MaskedProcess
 from cdlm.processes.masked_denoiser import MaskedDenoiser
@@ -146,7 +145,6 @@ def test_complementary_loss_is_the_mean_of_both_halves(make):
         rows = process.elbo_terms(den(pair.x_t, pair.t).logits, pair, valid)
     halves = [rows[:B].sum() / (B * L), rows[B:].sum() / (B * L)]
     torch.testing.assert_close(loss.double(), ((halves[0] + halves[1]) / 2).double())
-    assert process.passes_per_step() == 2.0 and make().passes_per_step() == 1.0
     process.eval()  # validation scores one corruption per sequence: the bound
     out = process.loss(den, batch, torch.Generator().manual_seed(4)).loss
     torch.testing.assert_close(
@@ -163,11 +161,6 @@ def test_complementary_masking_never_masks_a_held_prompt():
     den = MaskedDenoiser(network, MASK)
     process.loss(lambda z, t, **kw: seen.append(z) or den(z, t, **kw), batch, None)
     assert seen[0].shape == (2 * B, L) and not (seen[0][:, :3] == MASK).any()
-
-
-def test_passes_per_step_reaches_block_through_the_masked_process():
-    assert BlockProcess(V, MASK, complementary=True).passes_per_step() == 2.0
-    assert BlockProcess(V, MASK).passes_per_step() == 1.0
 
 
 def small_transformer(process) -> Transformer:

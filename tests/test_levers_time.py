@@ -1,4 +1,4 @@
-"""Learning-efficiency levers over noise levels (docs/levers.md): bell-shaped and clipped training
+"""Learning-efficiency levers over noise levels (docs/guide/levers.md): bell-shaped and clipped training
 times, the curriculum over a shaped base, and importance weights that keep the bound unbiased."""
 
 from __future__ import annotations

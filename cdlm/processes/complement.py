@@ -5,7 +5,7 @@ Fast-dLLM v2 (Wu et al. 2025) and LLaDA's SFT recipe train masked diffusion this
 every token is a target once per step; for uniform-state noise it pairs each draw with an
 antithetic one. The complement's level is the one whose keep rate is the first's mask rate,
 keep(t') = 1 - keep(t), so each half is marginally a corruption of the process at its level.
-The pair costs two passes of the network: the processes say so through ``passes_per_step``.
+The pair costs two passes of the network, which the FLOP count (``cdlm.training.flops``) measures.
 """
 
 from __future__ import annotations

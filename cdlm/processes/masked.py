@@ -149,11 +149,6 @@ class MaskedProcess(TokenProcess):
         ``flat_weight`` (evaluation always reports the bound)."""
         return torch.ones_like(t) if self.training and self.flat_weight else self.weight(t)
 
-    def passes_per_step(self) -> float:
-        """Network passes over a batch-sized input per training step, for FLOP counting: 2
-        with complementary masking (each sequence is scored twice), else 1."""
-        return 2.0 if self.complementary else 1.0
-
     def elbo(self, denoiser: Denoiser, c: Corrupted, valid: Tensor) -> tuple[Tensor, Tensor]:
         """(ELBO integrand summed over valid positions (B,), mean CE per masked token (B,)),
         both in nats."""

@@ -31,12 +31,6 @@ class TokenProcess(ProcessModule):
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         raise NotImplementedError
 
-    def passes_per_step(self) -> float:
-        """Network passes (forward and backward) over a batch-sized input per training step, for
-        FLOP counting: 1 unless a lever scores each sequence more than once (masked and uniform
-        ``complementary``: 2)."""
-        return 1.0
-
     def sampling_denoiser(
         self,
         network: nn.Module,

@@ -184,11 +184,6 @@ class UniformProcess(TokenProcess):
         """The ELBO's factor alpha'(t) / (V alpha(t)) before the bracket (module docstring)."""
         return self.schedule.dkeep(t) / (self.vocab_size * self.schedule.keep(t))
 
-    def passes_per_step(self) -> float:
-        """Network passes over a batch-sized input per training step, for FLOP counting: 2
-        with complementary corruption (each sequence is scored twice), else 1."""
-        return 2.0 if self.complementary else 1.0
-
     def integrand(
         self, logp: Tensor, x_t: Tensor, x0: Tensor, keep: Tensor, dkeep: Tensor
     ) -> Tensor:
