@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from cdlm.evaluation.world_score import LN2, _mean_se, transition_rates
+from cdlm.evaluation.world_score import LN2, _mean_se, rate_figures, transition_rates
 from cdlm.worlds.conditional import Conditional
 
 
@@ -75,8 +75,6 @@ def score_conditional(
         transition_rates(free_pairs(cond.sample(n, generator), free), reference)
         for _ in range(floor_repeats)
     ]
-    kl_floor, kl_floor_se = _mean_se([f.kl for f in floors])
-    tv_floor, tv_floor_se = _mean_se([f.tv for f in floors])
     return {
         "samples": n,
         "length": cond.length,
@@ -84,14 +82,7 @@ def score_conditional(
         "nll_cond": nll_cond,
         "nll_cond_se": nll_se,
         "entropy_cond": cond.entropy() / max(count, 1) / LN2,
-        "kl_rate": rates.kl / LN2,
-        "kl_floor": kl_floor / LN2,
-        "kl_floor_se": kl_floor_se / LN2,
-        "tv_rate": rates.tv,
-        "tv_floor": tv_floor,
-        "tv_floor_se": tv_floor_se,
-        "kl_rate_possible": possible.kl / LN2 if possible else math.nan,
-        "tv_rate_possible": possible.tv if possible else math.nan,
+        **rate_figures(rates, possible, floors),
         "violation_rate": float((~finite).double().mean()),
         "constraint_rate": float(world.constraint_rate(tokens.cpu()).mean()),
     }

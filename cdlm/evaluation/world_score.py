@@ -89,6 +89,24 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in values) / (k - 1) / k)
 
 
+def rate_figures(rates, possible, floors: list) -> dict:
+    """The transition KL (bits) and TV rates of a sample set beside their floor, the same
+    estimate on exact sample sets (mean and SE over ``floors``), and over its ``possible``
+    samples alone (None: none was)."""
+    kl_floor, kl_floor_se = _mean_se([f.kl for f in floors])
+    tv_floor, tv_floor_se = _mean_se([f.tv for f in floors])
+    return {
+        "kl_rate": rates.kl / LN2,
+        "kl_floor": kl_floor / LN2,
+        "kl_floor_se": kl_floor_se / LN2,
+        "tv_rate": rates.tv,
+        "tv_floor": tv_floor,
+        "tv_floor_se": tv_floor_se,
+        "kl_rate_possible": possible.kl / LN2 if possible else math.nan,
+        "tv_rate_possible": possible.tv if possible else math.nan,
+    }
+
+
 def score_samples(
     world: World,
     tokens: Tensor,
@@ -136,8 +154,6 @@ def score_samples(
         transition_rates(world.sample(n, length, generator=generator), reference)
         for _ in range(floor_repeats)
     ]
-    kl_floor, kl_floor_se = _mean_se([f.kl for f in floors])
-    tv_floor, tv_floor_se = _mean_se([f.tv for f in floors])
     rows = tokens.tolist()
     return {
         "samples": n,
@@ -145,14 +161,7 @@ def score_samples(
         "nll_truth": nll_truth,
         "nll_truth_se": nll_se,
         "entropy_rate": world.entropy_rate(length) / LN2,
-        "kl_rate": rates.kl / LN2,
-        "kl_floor": kl_floor / LN2,
-        "kl_floor_se": kl_floor_se / LN2,
-        "tv_rate": rates.tv,
-        "tv_floor": tv_floor,
-        "tv_floor_se": tv_floor_se,
-        "kl_rate_possible": possible.kl / LN2 if possible else math.nan,
-        "tv_rate_possible": possible.tv if possible else math.nan,
+        **rate_figures(rates, possible, floors),
         "violation_rate": float(torch.isinf(log_p).double().mean()),
         "constraint_rate": float(world.constraint_rate(tokens).mean()),
         "distinct_2": distinct_n(rows, 2),

@@ -66,25 +66,17 @@ def commit(folder: Path | None = None) -> str | None:
     imported from, whatever the working directory; ``+dirty`` with uncommitted changes); None
     for an installed wheel or outside git."""
     where = str(folder or Path(__file__).resolve().parents[2])
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        head = git("rev-parse", "--show-toplevel", "HEAD")
         lines = head.stdout.split()
         # a wheel's site-packages inside some other checkout is not that checkout's code
         if head.returncode or Path(lines[0]).resolve() != Path(where).resolve():
             return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.TimeoutExpired):
         return None
     return lines[1] + ("+dirty" if dirty.stdout.strip() else "")
