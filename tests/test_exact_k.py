@@ -2,10 +2,13 @@
 k = 1 the masked and block oracles sample it exactly (a chi-square test over every sequence),
 k = 2 does not (the same test has the power to tell); every step commits exactly k tokens, at
 positions chosen uniformly; a grid too short to finish is refused by name. The entropy-bounded
-rule at gamma = 0 and temperature 1 commits one uncertain token per step, so it is exact too."""
+rule at gamma = 0 and temperature 1 commits one uncertain token per step, so it is exact too;
+at gamma > 0 its error, computed exactly over every path, is the sum of its steps' total
+correlations, each within gamma (the bound docs/samplers.md states)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -21,7 +24,9 @@ from cdlm.generation.generate import generate
 from cdlm.model_file import oracle_model
 from cdlm.samplers import uniform_grid
 from cdlm.samplers.masked import sample_block, sample_masked
+from cdlm.samplers.masked_steps import Interval, step_entropy_bounded
 from cdlm.samplers.rules import ExactK
+from cdlm.worlds.agreement import Agreement
 
 N, LENGTH = 3000, 4
 UNSHIFTED = ["process.shift=false", "process.causal_clean=false", "process.ar_weight=0"]
@@ -147,3 +152,59 @@ def test_a_grid_too_short_or_a_bad_k_is_named():
     for k in (0, 1.5, True):
         with pytest.raises(ValueError, match="k must be an integer >= 1"):
             ExactK(k=k)
+
+
+def support(world, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence (N, L) the world makes and its probability, by brute force."""
+    seqs = torch.tensor(list(itertools.product(range(world.vocab_size), repeat=length)))
+    p = world.log_prob(seqs).exp()
+    return seqs[p > 0], p[p > 0]
+
+
+def path_costs(model, x: torch.Tensor, gamma: float, seqs, p) -> tuple[float, list[float]]:
+    """The entropy-bounded rule's deterministic path to ``x`` (L,) from the all-[MASK] canvas:
+    log q(x) (the product of the marginals it draws from), and per step the total correlation
+    of the set it commits given the state, from the world's ``seqs`` and ``p`` (nats)."""
+    mask, length = model.process.mask_id, x.shape[0]
+    state, log_q, costs = torch.full_like(x, mask), 0.0, []
+    far = Interval(t=1.0, s=0.5, steps_left=length + 1, p_reveal=0.5, keep_t=0.0, keep_s=0.5)
+    while (state == mask).any():
+        logp = model.denoiser(state[None], torch.ones(1)).logits[0].double().log_softmax(-1)
+        open_ = state == mask
+        chosen = open_ & (step_entropy_bounded(state, logp, open_, far, None, 0.0, gamma) != mask)
+        at = chosen.nonzero().flatten()
+        assert len(at), "a step must commit at least one token"
+        log_q += float(logp[at, x[at]].sum())
+        fits = (seqs[:, ~open_] == state[~open_]).all(-1)
+        joint: dict[tuple, float] = {}
+        for s, w in zip(seqs[fits][:, at].tolist(), p[fits].tolist(), strict=True):
+            joint[tuple(s)] = joint.get(tuple(s), 0.0) + w
+        pj = torch.tensor(list(joint.values()), dtype=torch.float64) / float(p[fits].sum())
+        marginal_h = float(torch.special.entr(logp[at].exp()).sum())
+        costs.append(marginal_h - float(torch.special.entr(pj).sum()))
+        state = torch.where(chosen, x, state)
+    return log_q, costs
+
+
+@pytest.mark.parametrize(
+    ("world", "gamma", "want"),
+    [
+        (tiny_world(length=LENGTH), 1.2, None),  # pairs committed, weakly dependent
+        (Agreement(names=2, period=2, length=2), 0.5, 0.0),  # the names' 0.69 nats do not fit
+        (Agreement(names=2, period=2, length=2), 1.0, math.log(2)),  # both names apart
+    ],
+    ids=["tiny-1.2", "agreement-0.5", "agreement-1.0"],
+)
+def test_entropy_bounded_error_is_the_sum_of_its_steps_dependence_within_gamma(world, gamma, want):
+    """The bound docs/samplers.md states, exactly, on a world's masked oracle: each step's total
+    correlation is within gamma, and KL(world || the rule's samples at temperature 1) equals the
+    expected sum of them (the chain rule: the path is a function of the sample)."""
+    model = oracle_model(world, process_cfg("masked"))
+    seqs, p = support(world, world.length)
+    log_q, costs = zip(*(path_costs(model, x, gamma, seqs, p) for x in seqs), strict=True)
+    assert max(c for path in costs for c in path) <= gamma + 1e-6
+    kl = float((p * (p.log() - torch.tensor(log_q, dtype=torch.float64))).sum())
+    expected = float((p * torch.tensor([sum(c) for c in costs], dtype=torch.float64)).sum())
+    assert kl == pytest.approx(expected, abs=1e-5)
+    assert kl <= gamma * max(len(c) for c in costs)
+    assert kl > 0.01 if want is None else kl == pytest.approx(want, abs=1e-5)

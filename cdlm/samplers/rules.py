@@ -135,7 +135,10 @@ class Threshold(Rule):
 class EntropyBounded(Rule):
     """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
     each step commits the lowest-entropy proposals while their summed entropy, less the largest,
-    stays within ``gamma`` nats."""
+    stays within ``gamma`` nats. That sum bounds the step's total correlation (the joint's
+    entropy is at least the largest marginal's), so with an exact denoiser at temperature 1,
+    KL(truth || samples) <= gamma per step that commits several, the last step of a block
+    aside (docs/samplers.md; tests/test_exact_k.py checks it exactly)."""
 
     temperature: float = 0.0
     gamma: float = 1.0
