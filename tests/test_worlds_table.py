@@ -99,3 +99,18 @@ def test_the_shipped_table_carries_the_fields_the_issue_names():
               "nll_truth", "entropy_rate", "kl_rate", "kl_floor", "tv_rate", "violation_rate"}  # fmt: skip
     assert result["worlds"] and result["rows"]
     assert all(fields <= set(r) for r in result["rows"])
+
+
+@pytest.mark.skipif(not (ROOT / "docs/worlds.json").exists(), reason="not measured yet")
+def test_the_shipped_table_has_exact_k_rows_on_the_masked_and_both_block_oracles():
+    """Issue 51: rows for the exact-k rule (``rule: exact_k``, ``k``) on the masked,
+    shifted-block and unshifted-block oracles of every world, at k = 1 among others."""
+    result = json.loads((ROOT / "docs/worlds.json").read_text())
+    got = {
+        (f"{r['world']}@{r['length']}", r["process"], r["k"])
+        for r in result["rows"]
+        if r.get("rule") == "exact_k"
+    }
+    for key in result["worlds"]:
+        for process in ("masked", "block", "block_unshifted"):
+            assert (key, process, 1) in got, (key, process)
