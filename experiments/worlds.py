@@ -3,7 +3,8 @@
     python experiments/worlds.py --out docs/results/worlds            # the table (~30 min, 2 jobs)
     python experiments/worlds.py --quick --out /tmp/worlds    # a minute: fewer rows and samples
     python experiments/worlds.py --world world:chars@128 --only Duo --jobs 1 --out /tmp/duo
-                                                              # some rows only (docs/duo.md)
+                                                              # some rows only (docs/results/duo.md)
+    python experiments/worlds.py --only exact-k --out docs/results/worlds   # these rows, merged in
 
 Each world (``cdlm.worlds``: the Austen character chain at T = 128 and 256, the agreement world)
 is loaded as an oracle model of every process (``cdlm.model_file.oracle_model``: the network is
@@ -83,7 +84,32 @@ def families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
         ("Duo Psi (ReMDM 0.01, last step drawn)", "uniform", "duo_psi", {}, duo),
         ("Duo Psi (ReMDM 0.01, greedy last step)", "uniform", "duo_psi", {"last_step": "greedy"},
          duo),
+        *exact_k_families(length),
     ]  # fmt: skip
+
+
+EXACT_K = "cdlm.samplers.rules.ExactK"
+
+
+def exact_k_families(length: int) -> list[tuple[str, str, str, dict, list[int] | None]]:
+    """The exact-k rule (issue 51) at k = 1, 2, 4 on the masked oracle and both block layouts
+    (size 4), at the fewest steps that let it commit exactly k per step."""
+    out = []
+    for k in (1, 2, 4):
+        rule = {"rule": {"_target_": EXACT_K, "k": k}}
+        per_block = length // 4 * math.ceil(4 / k)  # a block of 4 in ceil(4 / k) steps
+        out += [
+            (f"exact-k, k={k}", "masked", "exact_k", rule, [math.ceil(length / k)]),
+            (f"exact-k, k={k}, block (shifted)", "block", "block", rule, [per_block]),
+            (f"exact-k, k={k}, block (unshifted)", "block_unshifted", "block", rule, [per_block]),
+        ]
+    return out
+
+
+def rule_fields(options: dict) -> dict:
+    """The exact-k rows' ``rule`` and ``k``; other rows record neither."""
+    rule = options.get("rule", {})
+    return {"rule": "exact_k", "k": rule["k"]} if rule.get("_target_") == EXACT_K else {}
 
 
 def steps_of(length: int) -> list[int]:
@@ -144,6 +170,7 @@ def run_world(
                     "sampler": label,
                     "sampler_name": name,
                     "options": options,
+                    **rule_fields(options),
                     "steps": steps,
                     "nfe": gen.nfe,
                     "tokens_per_call": length / gen.nfe,
@@ -260,6 +287,11 @@ def render(result: dict) -> str:
         f"One run: {result['wall_minutes']:.1f} minutes of wall clock, "
         f"{result['cpu_minutes']:.1f} CPU minutes, in {result['parallel_runs']} processes of one "
         "thread each.",
+        *(
+            f"The rows labelled '{x['only']}' rerun alone (`--only {x['only']}`): "
+            f"{x['wall_minutes']:.1f} minutes of wall clock, {x['cpu_minutes']:.1f} CPU minutes."
+            for x in result.get("reruns", [])
+        ),
         "",
     ]
     for key, facts in result["worlds"].items():
@@ -297,6 +329,15 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def merged(result: dict, rows: list[dict], run: dict, only: str) -> dict:
+    """``result`` with ``rows`` in place of its rows of the same world and label, and the rerun
+    recorded under ``reruns``."""
+    redone = {(r["world"], r["length"], r["sampler"]) for r in rows}
+    kept = [r for r in result["rows"] if (r["world"], r["length"], r["sampler"]) not in redone]
+    reruns = [x for x in result.get("reruns", []) if x["only"] != only]
+    return result | {"rows": kept + rows, "reruns": [*reruns, {"only": only} | run]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/worlds", help="writes OUT.json and OUT.md")
@@ -304,7 +345,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worlds in parallel, 1 thread each")
     parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")
     parser.add_argument("--render", action="store_true", help="redraw OUT.md from OUT.json")
-    parser.add_argument("--only", help="the samplers whose label holds this text (e.g. Duo)")
+    parser.add_argument("--only", help="rerun only the rows whose label contains ONLY, merged "
+                        "into OUT.json (the rows of those labels replaced)")  # fmt: skip
     parser.add_argument("--world", help="one world and length, e.g. world:chars@128")
     parser.add_argument("--steps", type=int, nargs="*", help="only these step counts")
     args = parser.parse_args()
@@ -321,13 +363,16 @@ def main() -> None:
         ]
         with ProcessPoolExecutor(args.jobs) as pool:
             parts = list(pool.map(run_world, *zip(*units, strict=True)))
-        result = {
-            "worlds": {p["key"]: p["facts"] for p in parts},
-            "rows": [r for p in parts for r in p["rows"]],
+        run = {
             "cpu_minutes": sum(p["cpu_seconds"] for p in parts) / 60,
             "parallel_runs": args.jobs,
             "wall_minutes": (time.perf_counter() - start) / 60,
         }
+        rows = [r for p in parts for r in p["rows"]]
+        if args.only:
+            result = merged(json.loads(out.with_suffix(".json").read_text()), rows, run, args.only)
+        else:
+            result = {"worlds": {p["key"]: p["facts"] for p in parts}, "rows": rows} | run
         atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     md = out.with_suffix(".md")
     text = md.read_text() if md.exists() else "# Exact worlds\n\n"

@@ -79,7 +79,7 @@ def test_ar_model_samples_with_kv_cache(tiny_ar_checkpoint, tmp_path):
         (
             "tiny_masked_checkpoint",
             "ddpm",
-            "ancestral, cached_ancestral, confidence, entropy_bounded, remdm, threshold",
+            "ancestral, cached_ancestral, confidence, entropy_bounded, exact_k, remdm, threshold",
         ),
         ("tiny_ar_checkpoint", "confidence", "use one of: ar"),
         ("tiny_checkpoint", "ar", "ddim, ddpm"),

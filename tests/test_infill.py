@@ -154,7 +154,7 @@ def test_every_sampler_returns_exactly_the_template(
             model(process),
             tok,
             sampler,
-            steps=3 if name != "adaptive" else 1,
+            steps={"adaptive": 1, "exact_k": 4 * n}.get(name, 3),  # exact_k: a token a step
             num_samples=2,
             seq_len=n,
             seed=1,

@@ -35,6 +35,7 @@ from cdlm.samplers.rules import (
     CachedAncestral,
     Confidence,
     EntropyBounded,
+    ExactK,
     Rule,
     Threshold,
 )
@@ -62,6 +63,8 @@ ROWS: dict[str, Row] = {
     "cdlm.samplers.rules.Confidence": Row([Confidence()]),
     "cdlm.samplers.rules.Threshold": Row([Threshold(), Threshold(temperature=1.0)]),
     "cdlm.samplers.rules.EntropyBounded": Row([EntropyBounded(gamma=0.5)]),
+    # k = 3 commits 3 then 1 of a block of 4 at its 4 steps (6 masked: 3, 3 of the canvas)
+    "cdlm.samplers.rules.ExactK": Row([ExactK(), ExactK(k=3)], ids=["k1", "k3"]),
     "cdlm.samplers.remdm.ReMDM": Row(
         [
             ReMDM(schedule="cap", eta=0.5),

@@ -47,7 +47,7 @@ from cdlm.samplers import SAMPLERS, SampleOutput, StepInfo, uniform_grid
 from cdlm.samplers.base import sampler_name
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 from cdlm.samplers.remdm import ReMDM
-from cdlm.samplers.rules import Threshold
+from cdlm.samplers.rules import ExactK, Threshold
 
 V, D = 12, 8  # vocabulary (EOS/BOS = 0, [MASK] = V - 1) and gaussian embedding width
 EOS, MASK = 0, V - 1
@@ -227,6 +227,8 @@ CASES: dict[str, Case] = {
     "confidence": Case("masked", per_step, per_step),
     "threshold": Case("masked", steps_until_decided, steps_until_decided),
     "entropy_bounded": Case("masked", steps_until_decided, steps_until_decided),
+    # k = 1 (its config default) commits one token per step: L steps decide the canvas
+    "exact_k": Case("masked", per_step, per_step, steps=L),
     "ar": Case("autoregressive", tokens_generated, tokens_generated),
     "duo_ancestral": Case("uniform", per_step, per_step),
     # the corrector reuses the predictor's x0 estimate: one call per interval. Half corrector, so
@@ -252,6 +254,9 @@ VARIANTS: list[tuple[str, dict]] = [
     ("entropy_bounded", {"block_length": 4, "cache": PrefixCache()}),
     ("confidence", {"block_length": 4, "cache": DualCache(refresh=1)}),
     ("block", {"rule": Threshold()}),
+    ("block", {"rule": ExactK(k=2)}),  # two steps per block of 4
+    ("exact_k", {"rule": ExactK(k=3)}),  # 3, 3, 2: decided after 3 of its 8 steps
+    ("exact_k", {"block_length": 4, "cache": DualCache()}),
     ("remdm", {"block_length": 4}),
     ("remdm", {"block_length": 4, "cache": PrefixCache()}),
     ("remdm", {"rule": ReMDM(schedule="conf")}),

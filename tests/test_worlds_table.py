@@ -78,6 +78,20 @@ def test_regeneration_keeps_the_prose_around_the_measured_part(tmp_path, monkeyp
     assert "old" not in text and "| mdlm | 8 | 8 |" in text
 
 
+def test_a_rerun_of_some_rows_replaces_those_and_is_recorded_once():
+    def at(sampler: str, kl: float) -> dict:
+        return row(sampler, "masked", 8, kl, world="chars", length=8)
+
+    result = {"rows": [at("a", 0.1), at("b", 0.2)], "wall_minutes": 9.0}
+    run = {"wall_minutes": 1.0, "cpu_minutes": 1.0, "parallel_runs": 1}
+    once = worlds_table.merged(result, [at("b", 0.3), at("c", 0.4)], run, "b")
+    twice = worlds_table.merged(once, [at("b", 0.5)], run, "b")
+    assert [(r["sampler"], r["kl_rate"]) for r in twice["rows"]] == [
+        ("a", 0.1), ("c", 0.4), ("b", 0.5),
+    ]  # fmt: skip
+    assert twice["reruns"] == [{"only": "b"} | run] and twice["wall_minutes"] == 9.0
+
+
 @pytest.mark.skipif(not (ROOT / "docs/results/worlds.json").exists(), reason="not measured yet")
 def test_the_shipped_table_carries_the_fields_the_issue_names():
     result = json.loads((ROOT / "docs/results/worlds.json").read_text())
@@ -85,3 +99,18 @@ def test_the_shipped_table_carries_the_fields_the_issue_names():
               "nll_truth", "entropy_rate", "kl_rate", "kl_floor", "tv_rate", "violation_rate"}  # fmt: skip
     assert result["worlds"] and result["rows"]
     assert all(fields <= set(r) for r in result["rows"])
+
+
+@pytest.mark.skipif(not (ROOT / "docs/results/worlds.json").exists(), reason="not measured yet")
+def test_the_shipped_table_has_exact_k_rows_on_the_masked_and_both_block_oracles():
+    """Issue 51: rows for the exact-k rule (``rule: exact_k``, ``k``) on the masked,
+    shifted-block and unshifted-block oracles of every world, at k = 1 among others."""
+    result = json.loads((ROOT / "docs/results/worlds.json").read_text())
+    got = {
+        (f"{r['world']}@{r['length']}", r["process"], r["k"])
+        for r in result["rows"]
+        if r.get("rule") == "exact_k"
+    }
+    for key in result["worlds"]:
+        for process in ("masked", "block", "block_unshifted"):
+            assert (key, process, 1) in got, (key, process)

@@ -143,6 +143,32 @@ def step_entropy_bounded(
     return torch.where(chosen, proposal, x)
 
 
+def check_k(k: int) -> None:
+    """A clear error for a per-step commit count that is not a positive integer."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1 (tokens committed per step), got {k!r}")
+
+
+def step_exact_k(
+    x: Tensor, logp: Tensor, open_: Tensor, iv: Interval, generator, k: int, temperature: float
+) -> Tensor:
+    """Commits exactly k open positions per row (all of them once fewer are left), chosen
+    uniformly at random, each drawn from its own marginal given the state. k-subsets drawn
+    uniformly step after step are the chunks of one uniformly random order, so at k = 1 with an
+    exact denoiser this is ancestral sampling in a random order: exact in distribution. Refuses
+    a grid too short to finish: committing the rest at once would break both promises."""
+    check_k(k)
+    left = open_.sum(-1)
+    if bool((left > k * iv.steps_left).any()):
+        raise ValueError(
+            f"exact_k commits k={k} tokens per step: {int(left.max())} masked positions do not "
+            f"fit in {iv.steps_left} steps; raise steps (or steps_per_block) or k"
+        )
+    u = rng.rand(x.shape, generator, device=x.device, dtype=torch.float64)
+    rank = u.masked_fill(~open_, 2.0).argsort(-1).argsort(-1)
+    return _commit(x, logp, open_ & (rank < k), generator, temperature)
+
+
 def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
     """Lowers by ``penalty`` nats the log-probability of each position's decided left and right
     neighbour tokens, then renormalises: a guard against the runs of one token (", , ,", "the

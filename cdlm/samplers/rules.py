@@ -24,9 +24,11 @@ from cdlm.samplers.base import register
 from cdlm.samplers.masked_steps import (
     Interval,
     check_gamma,
+    check_k,
     check_threshold,
     step_ancestral,
     step_entropy_bounded,
+    step_exact_k,
     step_threshold,
     step_topk,
 )
@@ -133,7 +135,10 @@ class Threshold(Rule):
 class EntropyBounded(Rule):
     """Entropy-bounded unmasking (EB-sampler, Ben-Hamu et al. 2025; ``step_entropy_bounded``):
     each step commits the lowest-entropy proposals while their summed entropy, less the largest,
-    stays within ``gamma`` nats."""
+    stays within ``gamma`` nats. That sum bounds the step's total correlation (the joint's
+    entropy is at least the largest marginal's), so with an exact denoiser at temperature 1,
+    KL(truth || samples) <= gamma per step that commits several, the last step of a block
+    aside (docs/samplers.md; tests/test_exact_k.py checks it exactly)."""
 
     temperature: float = 0.0
     gamma: float = 1.0
@@ -145,6 +150,25 @@ class EntropyBounded(Rule):
         return step_entropy_bounded(
             w.x, w.logp, w.open_, iv, generator, self.temperature, self.gamma
         )
+
+
+@register("exact_k", processes=("masked", "block"))
+@dataclass(frozen=True)
+class ExactK(Rule):
+    """Exactly ``k`` tokens per step, at still-masked positions of the window chosen uniformly
+    at random, each drawn from its marginal given the state (``step_exact_k``). At k = 1 with an
+    exact denoiser it samples the joint exactly (ancestral sampling in a random order); k > 1
+    errs by the dependence among the k tokens it draws apart. A block of n masked positions
+    needs ceil(n / k) steps; fewer is refused."""
+
+    k: int = 1
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_k(self.k)
+
+    def step(self, w: Window, iv: Interval, generator: torch.Generator | None) -> Tensor:
+        return step_exact_k(w.x, w.logp, w.open_, iv, generator, self.k, self.temperature)
 
 
 def check_rule(rule: object) -> None:
