@@ -6,8 +6,7 @@ For each layout of ``process=block`` (size 4: shifted with its tail, the default
 to each block's last token, ``process.sees_last=false``; unshifted, BD3-LM's) it draws
 ``--samples`` sequences with ``sampler=block`` at 4 and 16 steps per block with the default
 ancestral rule (one token per call on average, and closer to one at a time), and at 4 with
-exactly one token per call in a uniform order (``OneAtRandom``, the rule of the chi-square test
-in ``tests/test_block_oracle.py``, until issue 51's exact-k rule lands in the library), and
+exactly one token per call in a uniform order (``sampler.rule=exact_k``, k = 1), and
 scores them with the world (``cdlm.evaluation.world_score``: the KL rate beside its floor). It also
 integrates the oracle's block ELBO on exact world samples (stratified levels, evaluation mode)
 and gives it beside the same sequences' NLL under the world: with every revealed token in view
@@ -20,8 +19,6 @@ import argparse
 import functools
 import json
 import math
-import sys
-from pathlib import Path
 
 import torch
 
@@ -32,9 +29,7 @@ from cdlm.generation import Plan, named_sampler
 from cdlm.generation.generate import generate
 from cdlm.model_file import oracle_model
 from cdlm.samplers.masked import sample_block
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_block_oracle import OneAtRandom  # noqa: E402
+from cdlm.samplers.rules import ExactK
 
 LAYOUTS = {
     "shifted, with its tail (the default)": ["process=block"],
@@ -87,7 +82,7 @@ def main() -> None:
         runs = [
             ("ancestral", 4, named_sampler("block", steps_per_block=4)),
             ("ancestral", 16, named_sampler("block", steps_per_block=16)),
-            ("one at a time", 4, functools.partial(sample_block, rule=OneAtRandom(), steps_per_block=4)),
+            ("one at a time", 4, functools.partial(sample_block, rule=ExactK(k=1), steps_per_block=4)),
         ]  # fmt: skip
         for rule, per_block, sampler in runs:
             steps = args.length // 4 * per_block

@@ -8,20 +8,17 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
 from test_worlds import chi_square_p, enumerate_world, tiny_world
 
-from cdlm import rng
 from cdlm.configs import compose
 from cdlm.generation import Plan
 from cdlm.generation.generate import generate
 from cdlm.model_file import oracle_model
-from cdlm.samplers.base import categorical_at
 from cdlm.samplers.masked import sample_block
-from cdlm.samplers.rules import Rule
+from cdlm.samplers.rules import ExactK
 
 SHIFTED = ["process=block", "process.block_size=2"]
 BLIND = [*SHIFTED, "process.sees_last=false"]
@@ -110,21 +107,6 @@ def test_block_oracle_bound_is_the_worlds_nll(overrides):
         torch.testing.assert_close(bound, nll, atol=1e-4, rtol=0)
 
 
-@dataclass(frozen=True)
-class OneAtRandom(Rule):
-    """Commits exactly one still-masked position of the block per call, chosen uniformly, its
-    token drawn from the prediction: exact with an exact denoiser in any layout that shows each
-    query its block's revealed tokens (the default rule, ancestral, commits one per call only
-    on average; issue 51's exact-k rule is this one's general form)."""
-
-    def step(self, w, iv, generator):
-        u = rng.rand(w.x.shape, generator, dtype=torch.float64).masked_fill(~w.open_, -1.0)
-        chosen = w.open_ & (u == u.max(-1, keepdim=True).values)
-        x = w.x.clone()
-        x[chosen] = categorical_at(w.logp, chosen, generator)
-        return x
-
-
 @pytest.mark.parametrize(
     ("overrides", "exact"), [(SHIFTED, True), (UNSHIFTED, True), (BLIND, False)]
 )
@@ -135,7 +117,7 @@ def test_one_token_per_call_block_decoding_samples_the_world(overrides, exact):
     token it fails (p = 2e-12)."""
     world = tiny_world(length=4)
     model = oracle_model(world, compose("train", overrides).process)
-    sampler = functools.partial(sample_block, rule=OneAtRandom(), steps_per_block=2)
+    sampler = functools.partial(sample_block, rule=ExactK(k=1), steps_per_block=2)
     plan = Plan(num_samples=3000, seq_len=4, steps=4, seed=0, cut_at_eos=False)
     out = generate(model, sampler, plan)
     assert out.nfe == 4  # one call per token
