@@ -212,7 +212,8 @@ WORLD_SEQUENCES = 256  # exact samples the bound is taken on when no count is gi
 def world_of(model: Model, spec: str) -> worlds.World:
     """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
     the model's (a model judged by another world's ids would be scored as noise)."""
-    world = worlds.load(spec)
+    own = spec == model.config.get("world")  # built with the options it records
+    world = worlds.recorded(model.config) if own else worlds.load(spec)
     if not world.speaks(model.tokenizer):
         raise ValueError(
             f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "

@@ -57,6 +57,7 @@ class World:
         self.name, self.tokenizer, self.length = name, tokenizer, length
         self.emit, self.initial, self.steps = emit.long(), initial.double(), steps
         self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+        self.options: dict = {}  # the conf file's options it was built with (``worlds.load``)
 
     def step(self, i: int) -> Transition:
         """The transition into position i >= 1."""
@@ -70,7 +71,7 @@ class World:
             "states": self.initial.numel(),
             "vocab": self.vocab_size,
             "entropy_rate_bits": self.entropy_rate() / math.log(2),
-        }
+        } | ({"options": self.options} if self.options else {})
 
     # -- sampling and likelihood -------------------------------------------------------------
 
