@@ -81,3 +81,14 @@ def test_the_full_token_world_is_scored_without_a_dense_table():
     scores = score_samples(world, tokens, floor_repeats=2)
     assert scores["violation_rate"] == 0.0 and math.isfinite(scores["kl_rate"])
     assert abs(scores["nll_truth"] - scores["entropy_rate"]) < 4 * scores["nll_truth_se"]
+
+
+@pytest.mark.slow
+def test_the_smaller_and_the_low_entropy_token_worlds_are_what_the_docs_say():
+    """docs/worlds.md: tokens2k at 4.87 bits/token, tokens2k_top3 at 1.49 (1-2 bits: real
+    text under a strong LM), both over the corpus's 2,048-token BPE."""
+    small, low = worlds.load("world:tokens2k"), worlds.load("world:tokens2k_top3")
+    assert small.vocab_size == low.vocab_size == 2048 and small.name == "tokens2k"
+    assert small.entropy_rate() / math.log(2) == pytest.approx(4.871, abs=0.001)
+    assert low.entropy_rate() / math.log(2) == pytest.approx(1.490, abs=0.001)
+    assert low.step(1).index.shape[1] == 3
