@@ -14,6 +14,7 @@ from conftest import TINY_TRAIN, run_main
 
 from cdlm import worlds
 from cdlm.model_file import load_model
+from cdlm.worlds.chain import fit_transition
 
 SMALL = ["data.world_options.vocab_size=300", "data.world_options.top_k=8"]
 
@@ -65,6 +66,18 @@ def test_every_process_trains_on_the_token_world_and_is_scored_by_it(
     assert reference["nll_truth"] == pytest.approx(rate, abs=3.0)
 
 
+def test_a_temperature_sharpens_each_row_to_its_power_before_the_top_k():
+    counts = torch.tensor([[6.0, 3.0, 1.0], [1.0, 1.0, 2.0], [0.0, 5.0, 5.0]], dtype=torch.float64)
+    p = counts / counts.sum(-1, keepdim=True)
+    sharp = fit_transition(counts, 0.0, temperature=0.5).dense
+    assert torch.allclose(sharp, p**2 / (p**2).sum(-1, keepdim=True), rtol=1e-12, atol=0)
+    top = fit_transition(counts, 0.0, top_k=1, temperature=0.5)  # ties: either, renormalised
+    assert torch.equal(top.prob, torch.ones(3, 1, dtype=torch.float64))
+    assert top.index[0, 0] == 0 and top.index[1, 0] == 2
+    with pytest.raises(ValueError, match="temperature > 0"):
+        fit_transition(counts, 0.0, temperature=0.0)
+
+
 @pytest.mark.slow
 def test_the_full_token_world_is_scored_without_a_dense_table():
     """The 8,192-token chain of the bundled novels at 4.8 bits/token: its own exact samples
@@ -85,10 +98,13 @@ def test_the_full_token_world_is_scored_without_a_dense_table():
 
 @pytest.mark.slow
 def test_the_smaller_and_the_low_entropy_token_worlds_are_what_the_docs_say():
-    """docs/worlds.md: tokens2k at 4.87 bits/token, tokens2k_top3 at 1.49 (1-2 bits: real
-    text under a strong LM), both over the corpus's 2,048-token BPE."""
+    """docs/worlds.md: tokens2k at 4.87 bits/token; tokens2k_top3 at 1.49 and tokens2k_sharp
+    at 1.61 (1-2 bits: real text under a strong LM), all over the corpus's 2,048-token BPE."""
     small, low = worlds.load("world:tokens2k"), worlds.load("world:tokens2k_top3")
-    assert small.vocab_size == low.vocab_size == 2048 and small.name == "tokens2k"
+    sharp = worlds.load("world:tokens2k_sharp")
+    assert small.vocab_size == low.vocab_size == sharp.vocab_size == 2048
+    assert small.name == "tokens2k" and sharp.options == {}
     assert small.entropy_rate() / math.log(2) == pytest.approx(4.871, abs=0.001)
     assert low.entropy_rate() / math.log(2) == pytest.approx(1.490, abs=0.001)
+    assert sharp.entropy_rate() / math.log(2) == pytest.approx(1.613, abs=0.001)
     assert low.step(1).index.shape[1] == 3

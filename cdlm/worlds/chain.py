@@ -62,16 +62,27 @@ def stationary(step: Transition, tol: float = 1e-13, max_iter: int = 100_000) ->
 
 
 def fit_transition(
-    counts: Tensor, smoothing: float, top_k: int | None = None, teleport: float = 0.0
+    counts: Tensor,
+    smoothing: float,
+    top_k: int | None = None,
+    teleport: float = 0.0,
+    temperature: float = 1.0,
 ) -> Transition:
-    """The chain of ``counts`` (S, S): (counts + smoothing) per row, then optionally the top K
-    successors of each row (renormalised) mixed with the unigram at rate ``teleport``."""
-    if smoothing < 0 or not 0.0 <= teleport < 1.0:
-        raise ValueError(f"need smoothing >= 0 and teleport in [0, 1), got {smoothing}, {teleport}")
+    """The chain of ``counts`` (S, S): (counts + smoothing) per row, sharpened to the power
+    1 / ``temperature`` (below 1: each row's likeliest successors gain, so that several tokens
+    ahead stay guessable), then optionally the top K successors of each row (renormalised)
+    mixed with the unigram at rate ``teleport``."""
+    if smoothing < 0 or not 0.0 <= teleport < 1.0 or not temperature > 0:
+        raise ValueError(
+            "need smoothing >= 0, teleport in [0, 1) and temperature > 0, got "
+            f"{smoothing}, {teleport}, {temperature}"
+        )
     p = counts.double() + smoothing
     if (p.sum(-1) == 0).any():
         raise ValueError("a symbol has no successors and smoothing is 0: give smoothing > 0")
     p = p / p.sum(-1, keepdim=True)
+    if temperature != 1.0:  # in logs: the powers of small probabilities underflow
+        p = torch.softmax(p.log() / temperature, dim=-1)
     size = counts.shape[0]
     if (top_k is None or top_k >= size) and teleport == 0.0:
         return Transition(p)
@@ -120,7 +131,7 @@ class CharChain(Chain):
     Args:
         path: the corpus (``cdlm.data.corpus.load_documents``); None: bundled Austen.
         length: sequence length (Tang et al. use 128 and 1024).
-        smoothing, top_k, teleport: the construction (``fit_transition``).
+        smoothing, top_k, teleport, temperature: the construction (``fit_transition``).
     """
 
     def __init__(
@@ -130,11 +141,14 @@ class CharChain(Chain):
         smoothing: float = 1e-4,
         top_k: int | None = None,
         teleport: float = 0.0,
+        temperature: float = 1.0,
     ) -> None:
         text = letters(" ".join(d.text for d in load_documents(path)))
         index = {c: i for i, c in enumerate(ALPHABET)}
         ids = torch.tensor([index[c] for c in text], dtype=torch.long)
-        step = fit_transition(pair_counts(ids, len(ALPHABET)), smoothing, top_k, teleport)
+        step = fit_transition(
+            pair_counts(ids, len(ALPHABET)), smoothing, top_k, teleport, temperature
+        )
         super().__init__("chars", symbol_tokenizer(list(ALPHABET)), step, 3, length)
 
 
@@ -145,8 +159,8 @@ class TokenChain(Chain):
     Args:
         path: the corpus; None: bundled Austen.
         vocab_size: the corpus BPE's size (the tokenizer cdlm-train builds for ``data=austen``).
-        length, smoothing, top_k, teleport: as for ``CharChain``; the special tokens are never
-            emitted.
+        length, smoothing, top_k, teleport, temperature: as for ``CharChain``; the special
+            tokens are never emitted.
     """
 
     def __init__(
@@ -157,6 +171,7 @@ class TokenChain(Chain):
         smoothing: float = 1e-4,
         top_k: int | None = 64,
         teleport: float = 1e-3,
+        temperature: float = 1.0,
     ) -> None:
         docs = load_documents(path)
         tokenizer = corpus_bpe(docs, vocab_size)
@@ -168,5 +183,5 @@ class TokenChain(Chain):
         streams = [torch.tensor(tokenizer(d.text.replace("\n", " "))["input_ids"]) for d in docs]
         ids = torch.cat([s[s != eos] for s in streams]) - offset
         size = len(tokenizer) - offset
-        step = fit_transition(pair_counts(ids, size), smoothing, top_k, teleport)
+        step = fit_transition(pair_counts(ids, size), smoothing, top_k, teleport, temperature)
         super().__init__("tokens", tokenizer, step, offset, length)
