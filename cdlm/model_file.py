@@ -163,18 +163,20 @@ def load_model(
     *,
     process: Any = None,
     embedding: str | None = None,
+    world_options: Any = None,
 ) -> Model:
     """A model from a ``.safetensors`` file, a model folder (``save_pretrained``, a cdlm-train
     run folder) or a Hugging Face Hub id (``revision``: a branch, tag or commit); a pretrained
     causal LM (``hf:...``, ``smollm2``: ``base_model``); or a world's exact posterior under
-    ``process`` (``world:<name>``: ``world_model``, with ``embedding``). ``process`` belongs to
-    worlds alone: a file carries its own."""
+    ``process`` (``world:<name>``: ``world_model``, with ``embedding`` and the world's
+    ``world_options``). ``process`` belongs to worlds alone: a file carries its own."""
     if worlds.is_world(str(path)):
         table = None if embedding is None else load_model(embedding)
-        return world_model(str(path), process, device, table)
-    if process is not None or embedding is not None:
+        return world_model(str(path), process, device, table, world_options)
+    if process is not None or embedding is not None or worlds.options_set(world_options):
         raise ModelFileError(
-            f"process= and embedding= apply to world:<name> models; {path} carries its own"
+            f"process=, embedding= and world_options apply to world:<name> models; {path} "
+            "carries its own"
         )
     if pretrained.is_base(str(path)):
         return pretrained.base_model(str(path), device)

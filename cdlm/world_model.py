@@ -21,15 +21,20 @@ GAUSSIAN = "cdlm.processes.gaussian.GaussianProcess"
 
 
 def world_model(
-    spec: str, process: Any, device: str | torch.device = "cpu", embedding: Model | None = None
+    spec: str,
+    process: Any,
+    device: str | torch.device = "cpu",
+    embedding: Model | None = None,
+    world_options: Any = None,
 ) -> Model:
-    """The world ``world:<name>`` (conf/world/) as a cdlm model of ``process``: ``oracle_model``."""
+    """The world ``world:<name>`` (conf/world/) with ``world_options`` (``worlds.options``) as a
+    cdlm model of ``process``: ``oracle_model``."""
     if process is None:
         raise ModelFileError(
             f"{spec} needs a process: process=masked|gaussian|autoregressive|block|uniform"
         )
     try:
-        world = worlds.load(spec)
+        world = worlds.load(spec, **worlds.options(spec, world_options))
     except ValueError as e:
         raise ModelFileError(str(e)) from None
     return oracle_model(world, process, device, embedding)
@@ -70,6 +75,7 @@ def oracle_model(
         "seq_len": world.length,
         "labels": [],
         "world": worlds.PREFIX + world.name,
+        "world_options": world.options,
     }
     return Model(built.to(device).eval(), network.to(device).eval(), tokenizer, config)
 

@@ -14,7 +14,7 @@ from conftest import TINY_TRAIN, resumed_batches, train_in_process
 from cdlm.configs import compose
 from cdlm.data.order import ResumableSampler
 from cdlm.model_file import load_model
-from cdlm.worlds import load
+from cdlm.worlds import load, names
 from cdlm.worlds.data import FreshLoader, WorldData
 
 SEQ, BATCH = 12, 4
@@ -154,7 +154,7 @@ def test_bad_options_are_refused_by_name(options, message):
 
 
 def test_every_world_alias_composes():
-    for name in ("chars", "agreement", "tokens"):
+    for name in names():  # a new conf/world/ file needs its conf/data/world:<name>.yaml
         cfg = compose("train", [f"data=world:{name}", "process=masked"])
         assert cfg.data.world == f"world:{name}"
         assert cfg.data._target_ == "cdlm.worlds.data.WorldData"

@@ -20,7 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from cdlm import config_dir
+from cdlm import config_dir, worlds
 from cdlm.configs import compose_checked, one_line
 from cdlm.validation import UsageError, require, require_model_file, require_output_file
 
@@ -111,9 +111,21 @@ def validate_model_and_output(cfg: DictConfig) -> None:
     require_output_file("out", cfg.out, per_job=relative and hydra_args().multirun)
     resolve_device(cfg.device)
     require_model_file(cfg.ckpt, base_ok=True, process=cfg.get("process"))
+    try:
+        if worlds.is_world(cfg.ckpt):
+            worlds.options(cfg.ckpt, cfg.get("world_options"))
+        else:
+            require(
+                not worlds.options_set(cfg.get("world_options")),
+                "world_options apply to ckpt=world:<name> (a model trained on a world records "
+                "its own)",
+            )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def model_options(cfg: DictConfig) -> dict:
-    """``load_model``'s options for ``ckpt=world:<name>`` (a world's oracle): its process and
-    embedding table; None for a model file, which carries its own."""
-    return {"process": cfg.get("process"), "embedding": cfg.get("embedding")}
+    """``load_model``'s options for ``ckpt=world:<name>`` (a world's oracle): its process,
+    embedding table and world options; None for a model file, which carries its own."""
+    keys = ("process", "embedding", "world_options")
+    return {k: cfg.get(k) for k in keys}

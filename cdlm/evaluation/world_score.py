@@ -32,6 +32,7 @@ from cdlm.evaluation.quality import distinct_n, diversity
 from cdlm.model_file import Model
 from cdlm.rng import generator
 from cdlm.worlds import PREFIX, World, is_world, names
+from cdlm.worlds.reference import TransitionReference, as_reference
 
 LN2 = math.log(2)
 
@@ -43,7 +44,7 @@ class TransitionRates(NamedTuple):
     tv: float
 
 
-def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
+def transition_rates(tokens: Tensor, reference: TransitionReference | Tensor) -> TransitionRates:
     """Tang et al.'s transition-level KL and TV rates of a sample set.
 
     Over all M = N (T - 1) consecutive pairs (a, b) of ``tokens`` (N, T): w_a is the share of
@@ -53,12 +54,15 @@ def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
 
     Args:
         tokens: (N, T) token ids, each < V.
-        reference: (V, V) q(b | a), the world's ``transition_reference`` (float64 is kept).
+        reference: q(b | a), the world's ``transition_reference`` (``cdlm.worlds.reference``:
+            a chain's own sparse transition), or a (V, V) table (float64 is kept).
 
-    Only the pairs that occur are touched (a row's unseen successors enter TV through its
-    total), so a large vocabulary costs no (V, V) count table. NaN for T < 2.
+    Only the pairs that occur are read (a row's unseen successors enter TV through its total,
+    1 for a row the world visits and 0 otherwise), so a large vocabulary costs no (V, V) table.
+    NaN for T < 2.
     """
-    v = reference.shape[0]
+    reference = as_reference(reference)
+    v = reference.vocab_size
     prev, succ = tokens[:, :-1].reshape(-1).cpu().long(), tokens[:, 1:].reshape(-1).cpu().long()
     m = prev.numel()
     if m == 0:
@@ -68,14 +72,14 @@ def transition_rates(tokens: Tensor, reference: Tensor) -> TransitionRates:
     counts = counts.double()
     row_counts = torch.zeros(v, dtype=torch.float64).index_add_(0, a, counts)
     p = counts / row_counts[a]
-    q = reference.cpu().double()[a, b]
+    q = reference.prob(a, b)
     kl = float((counts / m * (p.log() - q.log())).sum())
     seen = torch.unique(a)
     # sum_b |p - q| = sum over seen b of |p - q| + the mass q puts on the unseen successors
     seen_gap = torch.zeros(v, dtype=torch.float64).index_add_(0, a, (p - q).abs())
     seen_mass = torch.zeros(v, dtype=torch.float64).index_add_(0, a, q)
-    total = reference.cpu().double()[seen].sum(-1)  # 0 for a token the world never emits
-    unseen = torch.where(total > 0, total - seen_mass[seen], 1.0).clamp_min(0)
+    visited = reference.visited(seen)  # q(. | a) sums to 1; a row never visited is all 0
+    unseen = torch.where(visited, 1.0 - seen_mass[seen], 1.0).clamp_min(0)
     tv = float((row_counts[seen] / m * 0.5 * (seen_gap[seen] + unseen)).sum())
     return TransitionRates(kl, tv)
 
@@ -113,7 +117,7 @@ def score_samples(
     *,
     floor_repeats: int = 8,
     generator: torch.Generator | None = None,
-    reference: Tensor | None = None,
+    reference: TransitionReference | Tensor | None = None,
 ) -> dict[str, float]:
     """The world's scores of a sample set ``tokens`` (N, L), token ids of the world's tokenizer.
 
@@ -135,8 +139,8 @@ def score_samples(
         distinct_2, distinct_3: distinct n-grams over all n-grams (``quality.distinct_n``).
 
     ``generator`` draws the floor's exact samples; ``reference`` is the world's
-    ``transition_reference(L)`` when the caller has it already (a (V, V) table: costly for a
-    large vocabulary).
+    ``transition_reference(L)`` when the caller has it already (a world that is not a chain
+    builds a (V, V) table for it).
     """
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise ValueError(f"score_samples needs (N, L) tokens, got shape {tuple(tokens.shape)}")
@@ -221,7 +225,8 @@ WORLD_SEQUENCES = 256  # exact samples the bound is taken on when no count is gi
 def world_of(model: Model, spec: str) -> worlds.World:
     """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
     the model's (a model judged by another world's ids would be scored as noise)."""
-    world = worlds.load(spec)
+    own = spec == model.config.get("world")  # built with the options it records
+    world = worlds.recorded(model.config) if own else worlds.load(spec)
     if not world.speaks(model.tokenizer):
         raise ValueError(
             f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from cdlm import pretrained
+from cdlm import pretrained, worlds
 from cdlm.distillation.module import student_of
 from cdlm.model_file import load_model, load_network_weights
 from cdlm.networks.causal_lm import base_config
@@ -36,6 +36,7 @@ def model_config(
     }
     if cfg.data.get("world"):
         config["world"] = cfg.data.world
+        config["world_options"] = worlds.options(cfg.data.world, cfg.data.get("world_options"))
     return config
 
 

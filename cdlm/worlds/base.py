@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from cdlm.worlds.reference import DenseReference, TransitionReference
 from cdlm.worlds.transition import Transition, _entropy
 
 NEVER = -1.0e4  # log-probability of a token the world never puts there: exp() is exactly 0
@@ -57,6 +58,7 @@ class World:
         self.name, self.tokenizer, self.length = name, tokenizer, length
         self.emit, self.initial, self.steps = emit.long(), initial.double(), steps
         self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+        self.options: dict = {}  # the conf file's options it was built with (``worlds.load``)
 
     def step(self, i: int) -> Transition:
         """The transition into position i >= 1."""
@@ -70,7 +72,7 @@ class World:
             "states": self.initial.numel(),
             "vocab": self.vocab_size,
             "entropy_rate_bits": self.entropy_rate() / math.log(2),
-        }
+        } | ({"options": self.options} if self.options else {})
 
     # -- sampling and likelihood -------------------------------------------------------------
 
@@ -242,7 +244,8 @@ class World:
             pairs += torch.zeros(v, v, dtype=torch.float64).index_add_(1, self.emit, by_prev)
         return pairs
 
-    def transition_reference(self, length: int | None = None) -> Tensor:
-        """(V, V) q(b | a): the pair table normalised per row (rows the world never visits: 0)."""
+    def transition_reference(self, length: int | None = None) -> TransitionReference:
+        """q(b | a): the pair table normalised per row (rows the world never visits: 0), dense
+        (a chain answers from its own sparse transition instead: ``Chain``)."""
         pairs = self.pair_table(length)
-        return pairs / pairs.sum(-1, keepdim=True).clamp_min(1e-300)
+        return DenseReference(pairs / pairs.sum(-1, keepdim=True).clamp_min(1e-300))

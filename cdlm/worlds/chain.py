@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from cdlm.data.corpus import load_documents
 from cdlm.data.tokenizer import SPECIAL_TOKENS, corpus_bpe
 from cdlm.worlds.base import World
+from cdlm.worlds.reference import ChainReference
 from cdlm.worlds.transition import Transition
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz"
@@ -61,16 +62,27 @@ def stationary(step: Transition, tol: float = 1e-13, max_iter: int = 100_000) ->
 
 
 def fit_transition(
-    counts: Tensor, smoothing: float, top_k: int | None = None, teleport: float = 0.0
+    counts: Tensor,
+    smoothing: float,
+    top_k: int | None = None,
+    teleport: float = 0.0,
+    temperature: float = 1.0,
 ) -> Transition:
-    """The chain of ``counts`` (S, S): (counts + smoothing) per row, then optionally the top K
-    successors of each row (renormalised) mixed with the unigram at rate ``teleport``."""
-    if smoothing < 0 or not 0.0 <= teleport < 1.0:
-        raise ValueError(f"need smoothing >= 0 and teleport in [0, 1), got {smoothing}, {teleport}")
+    """The chain of ``counts`` (S, S): (counts + smoothing) per row, sharpened to the power
+    1 / ``temperature`` (below 1: each row's likeliest successors gain, so that several tokens
+    ahead stay guessable), then optionally the top K successors of each row (renormalised)
+    mixed with the unigram at rate ``teleport``."""
+    if smoothing < 0 or not 0.0 <= teleport < 1.0 or not temperature > 0:
+        raise ValueError(
+            "need smoothing >= 0, teleport in [0, 1) and temperature > 0, got "
+            f"{smoothing}, {teleport}, {temperature}"
+        )
     p = counts.double() + smoothing
     if (p.sum(-1) == 0).any():
         raise ValueError("a symbol has no successors and smoothing is 0: give smoothing > 0")
     p = p / p.sum(-1, keepdim=True)
+    if temperature != 1.0:  # in logs: the powers of small probabilities underflow
+        p = torch.softmax(p.log() / temperature, dim=-1)
     size = counts.shape[0]
     if (top_k is None or top_k >= size) and teleport == 0.0:
         return Transition(p)
@@ -93,14 +105,23 @@ class Chain(World):
         super().__init__(name, tokenizer, emit, stationary(step), [step], length)
         self.offset = offset
 
-    def transition_reference(self, length: int | None = None) -> Tensor:
-        """(V, V) the chain's transition matrix on token ids (stationary start: the same at
-        every position)."""
-        v, s = self.vocab_size, self.initial.numel()
-        out = torch.zeros(v, v, dtype=torch.float64)
-        rows = self.steps[0].rows(torch.arange(s))
-        out[self.offset : self.offset + s, self.offset : self.offset + s] = rows
-        return out
+    def transition_reference(self, length: int | None = None) -> ChainReference:
+        """q(b | a) on token ids: the chain's own transition (stationary start: the same at every
+        position), as sparse as the chain."""
+        return ChainReference(self.steps[0], self.offset, self.vocab_size)
+
+    @torch.no_grad()
+    def log_prob(self, tokens: Tensor) -> Tensor:
+        """(B,) exact log p(tokens) in nats, float64, from the chain's own factors (the forward
+        pass would hold a (B, L, V) float64 evidence table: 2 GB for 256 sequences of 128 of the
+        8,192-token chain); -inf for a sequence the world never makes."""
+        ref = self.transition_reference()
+        tokens = tokens.cpu().long()
+        state, inside = ref.state_of(tokens[:, 0])
+        first = torch.zeros(len(tokens), dtype=torch.float64)
+        first[inside] = self.initial[state[inside]]
+        pairs = ref.prob(tokens[:, :-1], tokens[:, 1:])
+        return first.log() + pairs.log().sum(-1)
 
 
 class CharChain(Chain):
@@ -110,7 +131,7 @@ class CharChain(Chain):
     Args:
         path: the corpus (``cdlm.data.corpus.load_documents``); None: bundled Austen.
         length: sequence length (Tang et al. use 128 and 1024).
-        smoothing, top_k, teleport: the construction (``fit_transition``).
+        smoothing, top_k, teleport, temperature: the construction (``fit_transition``).
     """
 
     def __init__(
@@ -120,11 +141,14 @@ class CharChain(Chain):
         smoothing: float = 1e-4,
         top_k: int | None = None,
         teleport: float = 0.0,
+        temperature: float = 1.0,
     ) -> None:
         text = letters(" ".join(d.text for d in load_documents(path)))
         index = {c: i for i, c in enumerate(ALPHABET)}
         ids = torch.tensor([index[c] for c in text], dtype=torch.long)
-        step = fit_transition(pair_counts(ids, len(ALPHABET)), smoothing, top_k, teleport)
+        step = fit_transition(
+            pair_counts(ids, len(ALPHABET)), smoothing, top_k, teleport, temperature
+        )
         super().__init__("chars", symbol_tokenizer(list(ALPHABET)), step, 3, length)
 
 
@@ -135,8 +159,8 @@ class TokenChain(Chain):
     Args:
         path: the corpus; None: bundled Austen.
         vocab_size: the corpus BPE's size (the tokenizer cdlm-train builds for ``data=austen``).
-        length, smoothing, top_k, teleport: as for ``CharChain``; the special tokens are never
-            emitted.
+        length, smoothing, top_k, teleport, temperature: as for ``CharChain``; the special
+            tokens are never emitted.
     """
 
     def __init__(
@@ -147,6 +171,7 @@ class TokenChain(Chain):
         smoothing: float = 1e-4,
         top_k: int | None = 64,
         teleport: float = 1e-3,
+        temperature: float = 1.0,
     ) -> None:
         docs = load_documents(path)
         tokenizer = corpus_bpe(docs, vocab_size)
@@ -158,5 +183,5 @@ class TokenChain(Chain):
         streams = [torch.tensor(tokenizer(d.text.replace("\n", " "))["input_ids"]) for d in docs]
         ids = torch.cat([s[s != eos] for s in streams]) - offset
         size = len(tokenizer) - offset
-        step = fit_transition(pair_counts(ids, size), smoothing, top_k, teleport)
+        step = fit_transition(pair_counts(ids, size), smoothing, top_k, teleport, temperature)
         super().__init__("tokens", tokenizer, step, offset, length)

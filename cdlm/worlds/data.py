@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from cdlm.data.datamodule import RankedData, SequenceDataset
 from cdlm.data.order import ResumableLoader, ResumableSampler, taken_of
-from cdlm.worlds import PREFIX, is_world, load, names
+from cdlm.worlds import PREFIX, is_world, load, names, options
 from cdlm.worlds.base import NEVER, World
 
 
@@ -95,6 +95,8 @@ class WorldData(RankedData):
 
     Args:
         world: the world, ``world:<name>`` (conf/world/).
+        world_options: its options (``data.world_options.path=corpus.txt``: the world fitted on
+            that corpus); None or unset ones: the conf file's.
         seq_len: tokens per sequence; None: the world's own length.
         batch_size: sequences per batch (per process).
         train_size: None: fresh samples forever, each batch drawn anew; an int: a fixed finite
@@ -108,6 +110,7 @@ class WorldData(RankedData):
     def __init__(
         self,
         world: str = "world:chars",
+        world_options: dict | None = None,
         seq_len: int | None = None,
         batch_size: int = 32,
         train_size: int | None = None,
@@ -119,6 +122,7 @@ class WorldData(RankedData):
         if not is_world(world) or world[len(PREFIX) :] not in names():
             valid = ", ".join(PREFIX + n for n in names())
             raise ValueError(f"unknown data.world {world!r}; valid: {valid} (conf/world/)")
+        self.world_options = options(world, world_options)
         for key, value, least in (
             ("seq_len", seq_len, 2),
             ("batch_size", batch_size, 1),
@@ -146,7 +150,7 @@ class WorldData(RankedData):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        world = self.source = load(self.world)
+        world = self.source = load(self.world, **self.world_options)
         self.seq_len = self.seq_len or world.length
         # a copy: a process that adds tokens (FIM sentinels) must not change the cached world's
         self.tokenizer = self._checked(self.given_tokenizer) or copy.deepcopy(world.tokenizer)

@@ -49,7 +49,10 @@ class Transition:
         )
         rows = torch.arange(self.size).repeat_interleave(index.shape[1])
         values = (1.0 - self.eps) * self.prob.flatten()
-        coo = torch.sparse_coo_tensor(torch.stack([rows, self.index.flatten()]), values)
+        # the size given: inferred, it would drop states that no row keeps among its top K
+        coo = torch.sparse_coo_tensor(
+            torch.stack([rows, self.index.flatten()]), values, (self.size, self.size)
+        )
         self.matrix = coo.coalesce().to_sparse_csr()  # P_topK scaled, (S, S)
         self.matrix_t = coo.t().coalesce().to_sparse_csr()
 
@@ -88,12 +91,17 @@ class Transition:
             self._entropies = torch.cat([_entropy(self.rows(s)) for s in states.split(chunk)])
         return self._entropies
 
+    def prob_of(self, prev: Tensor, nxt: Tensor) -> Tensor:
+        """P(nxt | prev) elementwise, float64 (0 where impossible): the same float64 values as
+        ``rows`` (its sum in the same order), without making a row dense."""
+        if self.dense is not None:
+            return self.dense[prev, nxt]
+        local = ((self.index[prev] == nxt[..., None]) * self.prob[prev]).sum(-1)
+        return self.eps * self.teleport[nxt] + (1.0 - self.eps) * local
+
     def log_prob(self, prev: Tensor, nxt: Tensor) -> Tensor:
         """log P(nxt | prev) elementwise, float64 (-inf where impossible)."""
-        if self.dense is not None:
-            return self.dense[prev, nxt].log()
-        local = (self.index[prev] == nxt[..., None]) * self.prob[prev]
-        return ((1.0 - self.eps) * local.sum(-1) + self.eps * self.teleport[nxt]).log()
+        return self.prob_of(prev, nxt).log()
 
     def sample(self, prev: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One successor of each of ``prev`` (N,), drawn in float64."""
