@@ -55,6 +55,7 @@ SAMPLERS = {
     "uniform": ("duo_ancestral", "duo_psi"),
     "gaussian": ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
 }
+GREEDY = ("confidence",)  # argmax decoders: no draw from the conditional, so no floor to reach
 ODE = ("euler", "heun", "dpmpp_2m")  # the probability-flow ODE solvers (cdlm/samplers/ode.py)
 VIEWS = ("clean", "noised")  # the gaussian process's prompt views (process.prompt_view)
 CONTINUATION_ONLY = ("autoregressive",)  # a plain AR model takes no fixed text after a gap
@@ -219,32 +220,22 @@ def infill_rows(found: dict) -> list[dict]:
     return out
 
 
-def goals(rows: list[dict]) -> list[str]:
-    """The issue's goals read off the rows: one-token-per-call samplers of masked, block and AR
-    at the floor; the gaussian ODE solvers' first step count at it."""
-    lines = []
+def goals(rows: list[dict]) -> dict:
+    """The issue's goals read off the rows: ``single``, the rows of masked, block and AR
+    samplers that draw (not ``GREEDY``) at one token per call or fewer, and those of them off
+    the floor; ``ode``, each gaussian ODE solver's first step count at the floor per world,
+    task and prompt view (None: not within the grid)."""
     single = [
         r
         for r in rows
-        if r["process"] in ("masked", "block", "autoregressive") and r["tokens_per_call"] <= 1
+        if r["process"] in ("masked", "block", "autoregressive")
+        and r["sampler"] not in GREEDY
+        and r["tokens_per_call"] <= 1
     ]
-    missed = [r for r in single if not r["at_floor"]]
-    lines.append(
-        f"One token per call or fewer (masked, block, AR; {len(single)} rows): "
-        f"{len(single) - len(missed)} at the floor"
-        + (
-            "; not: "
-            + "; ".join(
-                f"{r['world']} {r['task']} {r['process']} {r['sampler']}@{r['steps']} "
-                f"(KL {r['kl_rate']:.4f}, floor {r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f})"
-                for r in missed
-            )
-            if missed
-            else ""
-        )
-    )
+    ode = []
     for world in TASKS:
         for task in TASKS[world]:
+            firsts = {}
             for sampler in ODE:
                 for view in VIEWS:
                     mine = [
@@ -253,12 +244,53 @@ def goals(rows: list[dict]) -> list[str]:
                         if (r["world"], r["task"], r["sampler"]) == (world, task, sampler)
                         and r.get("prompt_view") == view
                     ]
-                    if not mine:
-                        continue
-                    first = next((r["steps"] for r in mine if r["at_floor"]), None)
-                    said = f"{first} steps" if first else f"not within {max(STEPS)} steps"
-                    lines.append(f"Gaussian {sampler} ({view} prompt), {world} {task}: {said}")
-    return lines
+                    firsts[f"{sampler} {view}"] = next(
+                        (r["steps"] for r in mine if r["at_floor"]), None
+                    )
+            ode.append({"world": world, "task": task, "first_steps_at_floor": firsts})
+    return {
+        "single": [(r["world"], r["task"], r["process"], r["sampler"], r["steps"]) for r in single],
+        "single_off_floor": [
+            {
+                k: r[k]
+                for k in (
+                    "world",
+                    "task",
+                    "process",
+                    "sampler",
+                    "steps",
+                    "tokens_per_call",
+                    "kl_rate",
+                    "kl_floor",
+                    "kl_floor_se",
+                )
+            }
+            for r in single
+            if not r["at_floor"]
+        ],  # fmt: skip
+        "ode": ode,
+    }
+
+
+def goal_lines(found: dict) -> list[str]:
+    """The goals as the doc says them."""
+    single, off = found["single"], found["single_off_floor"]
+    lines = [
+        f"- **One token per call or fewer, masked, block and AR** (samplers that draw; "
+        f"{len(single)} rows): {len(single) - len(off)} at the floor" + (":" if off else "."),
+        *[
+            f"  - off: {r['world']} {r['task']}, {r['process']} {r['sampler']} @{r['steps']} "
+            f"({r['tokens_per_call']:.2f} tokens/call): KL {r['kl_rate']:.4f} against "
+            f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}"
+            for r in off
+        ],
+        "- **Gaussian ODE solvers: the first step count at the floor** (of "
+        f"{', '.join(map(str, STEPS))}; `-`: none):",
+        "",
+    ]
+    columns = ["world", "task", *found["ode"][0]["first_steps_at_floor"]] if found["ode"] else []
+    cells = [[o["world"], o["task"], *o["first_steps_at_floor"].values()] for o in found["ode"]]
+    return lines + [study.markdown_table(columns, cells)] if cells else lines
 
 
 def markdown(report: dict) -> str:
@@ -271,7 +303,7 @@ def markdown(report: dict) -> str:
         "",
         "### Goals",
         "",
-        *[f"- {g}" for g in report["goals"]],
+        *goal_lines(report["goals"]),
     ]
     for world in TASKS:
         for task in TASKS[world]:

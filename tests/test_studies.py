@@ -154,9 +154,7 @@ def test_a_results_doc_keeps_its_reading_and_carries_the_header(tmp_path):
     found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 2}}]}
     path = study.write("x", "Title", "body\n", {"rows": [1]}, ["cdlm-train -m a"], found, tmp_path)
     text = path.read_text()
-    assert text.startswith(
-        "# Title\n\n- **Command:**\n  `cdlm-train -m a`\n- **Commits:** `abc123`"
-    )
+    assert text.startswith("# Title\n\n- **Command:** `cdlm-train -m a`\n- **Commits:** `abc123`")
     assert "at most 2 job(s)" in text
     path.write_text(text + "\nThe reading, by hand.\n")
     study.write("x", "Title", "new body\n", {"rows": [2]}, ["cdlm-train -m a"], found, tmp_path)
