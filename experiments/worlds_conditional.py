@@ -56,7 +56,15 @@ SAMPLERS = {
     "gaussian": ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
 }
 GREEDY = ("confidence",)  # argmax decoders: no draw from the conditional, so no floor to reach
-ODE = ("euler", "heun", "dpmpp_2m")  # the probability-flow ODE solvers (cdlm/samplers/ode.py)
+ODE = ("euler", "heun", "dpmpp_2m")
+# one more group: masked ancestral left to right (sampler.block_length=1), one token per call
+# whatever the step count, so run once per task as AR is: the masked one-token-per-call sampler
+L2R = "masked_l2r"
+GROUPS = (*SAMPLERS, L2R)
+ONE_PER_TOKEN = (
+    "autoregressive",
+    L2R,
+)  # their step count is the span's length  # the probability-flow ODE solvers (cdlm/samplers/ode.py)
 VIEWS = ("clean", "noised")  # the gaussian process's prompt views (process.prompt_view)
 CONTINUATION_ONLY = ("autoregressive",)  # a plain AR model takes no fixed text after a gap
 # task=infill on the world's exact samples: each process's default sampler (the oracle AR has no
@@ -78,12 +86,15 @@ def prompt_files(folder: Path) -> dict[str, dict[str, Path]]:
 
 
 def command(
-    folder: Path, world: str, process: str, files: dict[str, Path], num_samples: int
+    folder: Path, world: str, group: str, files: dict[str, Path], num_samples: int
 ) -> list[str]:
-    """The ``cdlm-eval -m`` of one world's oracle of ``process``: every sampler, step count,
-    task (and gaussian prompt view) a job, each in its own folder."""
+    """The ``cdlm-eval -m`` of one world's oracle of a process (``group``: a process, or
+    ``L2R``): every sampler, step count, task (and gaussian prompt view) a job, each in its own
+    folder."""
+    process = "masked" if group == L2R else group
     tasks = [p for t, p in files.items() if process not in CONTINUATION_ONLY or t == "continuation"]
-    steps = "64" if process == "autoregressive" else ",".join(map(str, STEPS))  # AR: 1 per token
+    steps = "64" if group in ONE_PER_TOKEN else ",".join(map(str, STEPS))
+    samplers = "ancestral" if group == L2R else ",".join(SAMPLERS[process])
     args = [
         "cdlm-eval",
         "-m",
@@ -93,11 +104,12 @@ def command(
         f"num_samples={num_samples}",
         "wandb=false",
         "seed=0",
-        f"sampler={','.join(SAMPLERS[process])}",
+        f"sampler={samplers}",
         f"steps={steps}",
         f"prompts={','.join(str(p.resolve()) for p in tasks)}",
-        f"hydra.sweep.dir={folder / world / process}",
+        f"hydra.sweep.dir={folder / world / group}",
     ]
+    args += ["sampler.block_length=1"] if group == L2R else []
     return args + ([f"process.prompt_view={','.join(VIEWS)}"] if process == "gaussian" else [])
 
 
@@ -119,8 +131,10 @@ def infill_command(folder: Path, world: str) -> list[str]:
     ]
 
 
-def expected_jobs(process: str, tasks: int) -> int:
-    count = len(SAMPLERS[process]) * (1 if process == "autoregressive" else len(STEPS))
+def expected_jobs(group: str, tasks: int) -> int:
+    process = "masked" if group == L2R else group
+    samplers = 1 if group == L2R else len(SAMPLERS[process])
+    count = samplers * (1 if group in ONE_PER_TOKEN else len(STEPS))
     return (
         count
         * (1 if process in CONTINUATION_ONLY else tasks)
@@ -143,9 +157,9 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> list[str]:
     files, ran = prompt_files(folder), []
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for world in TASKS:
-        for process in SAMPLERS:
-            cmd = command(folder, world, process, files[world], num_samples)
-            if finished(folder / world / process, expected_jobs(process, len(files[world]))):
+        for group in GROUPS:
+            cmd = command(folder, world, group, files[world], num_samples)
+            if finished(folder / world / group, expected_jobs(group, len(files[world]))):
                 continue
             print(" ".join(cmd), flush=True)
             subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
@@ -178,8 +192,10 @@ def oracle_rows(found: dict) -> list[dict]:
             "world": o["ckpt"].removeprefix("world:"),
             "process": process,
             "model": "oracle",
-            "sampler": o["sampler"],
-            "steps": None if process == "autoregressive" else int(o["steps"]),
+            "sampler": o["sampler"] + ("_l2r" if o.get("sampler.block_length") == "1" else ""),
+            "steps": None
+            if process == "autoregressive" or "sampler.block_length" in o
+            else int(o["steps"]),
             "task": task,
             "free": int(free),
             "nfe": nfe,

@@ -170,7 +170,7 @@ def test_the_conditional_tables_grid_and_its_floor_rule(tmp_path):
     conditional = experiment_module("worlds_conditional")
     files = conditional.prompt_files(tmp_path)
     for world, tasks in files.items():
-        for process in conditional.SAMPLERS:
+        for process in conditional.GROUPS:
             cmd = conditional.command(tmp_path, world, process, tasks, 8)
             sweep = dict(a.split("=", 1) for a in cmd[2:] if not a.startswith("hydra."))
             jobs = grid(sweep)
