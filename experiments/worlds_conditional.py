@@ -152,24 +152,22 @@ def finished(group: Path, jobs: int) -> bool:
         return False
 
 
-def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> list[str]:
-    """Every world's and process's ``cdlm-eval -m``, one after another; the commands run."""
-    files, ran = prompt_files(folder), []
+def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
+    """Every world's and group's ``cdlm-eval -m``, then its ``task=infill``, one after another;
+    a group whose jobs all finished is skipped."""
+    files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for world in TASKS:
-        for group in GROUPS:
-            cmd = command(folder, world, group, files[world], num_samples)
-            if finished(folder / world / group, expected_jobs(group, len(files[world]))):
-                continue
-            print(" ".join(cmd), flush=True)
-            subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
-            ran.append(" ".join(cmd))
-        cmd = infill_command(folder, world)
-        if not finished(folder / world / "task_infill", len(INFILL_PROCESSES)):
-            print(" ".join(cmd), flush=True)
-            subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
-            ran.append(" ".join(cmd))
-    return ran
+        runs = [
+            (command(folder, world, g, files[world], num_samples), g,
+             expected_jobs(g, len(files[world])))
+            for g in GROUPS
+        ]  # fmt: skip
+        runs.append((infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
+        for cmd, group, jobs in runs:
+            if not finished(folder / world / group, jobs):
+                print(" ".join(cmd), flush=True)
+                subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
 
 
 def at_floor(row: dict) -> bool:
@@ -183,7 +181,7 @@ def oracle_rows(found: dict) -> list[dict]:
     out = []
     for job in study.rows(found):
         o, m = job["overrides"], job["metrics"]
-        if "rows/0/kl_rate" not in m:  # a task=infill job: see task_rows
+        if "rows/0/kl_rate" not in m:  # a task=infill job: infill_rows
             continue
         process = o["process"]
         task = Path(o["prompts"]).stem.split("_", 1)[1]
