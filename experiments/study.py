@@ -108,7 +108,8 @@ def machine() -> str:
 
 def header(commands: Sequence[str], used: Sequence[str], jobs: int) -> str:
     """A results doc's generated header: the fields tests/test_docs_index.py requires."""
-    command = "".join(f"\n  `{c}`" for c in commands)
+    # the first command on the field's line (tests/test_docs_index.py reads `- **Field:** value`)
+    command = "".join(f"\n  `{c}`" if i else f" `{c}`" for i, c in enumerate(commands))
     return "\n".join(
         [
             f"- **Command:**{command}",

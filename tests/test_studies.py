@@ -154,9 +154,7 @@ def test_a_results_doc_keeps_its_reading_and_carries_the_header(tmp_path):
     found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 2}}]}
     path = study.write("x", "Title", "body\n", {"rows": [1]}, ["cdlm-train -m a"], found, tmp_path)
     text = path.read_text()
-    assert text.startswith(
-        "# Title\n\n- **Command:**\n  `cdlm-train -m a`\n- **Commits:** `abc123`"
-    )
+    assert text.startswith("# Title\n\n- **Command:** `cdlm-train -m a`\n- **Commits:** `abc123`")
     assert "at most 2 job(s)" in text
     path.write_text(text + "\nThe reading, by hand.\n")
     study.write("x", "Title", "new body\n", {"rows": [2]}, ["cdlm-train -m a"], found, tmp_path)
@@ -166,3 +164,17 @@ def test_a_results_doc_keeps_its_reading_and_carries_the_header(tmp_path):
     record = json.loads((tmp_path / "x.json").read_text())
     assert record["command"] == "cdlm-train -m a" and record["commits"] == ["abc123"]
     assert record["rows"] == [2]
+
+
+def test_the_conditional_tables_grid_and_its_floor_rule(tmp_path):
+    conditional = experiment_module("worlds_conditional")
+    files = conditional.prompt_files(tmp_path)
+    for world, tasks in files.items():
+        for process in conditional.GROUPS:
+            cmd = conditional.command(tmp_path, world, process, tasks, 8)
+            sweep = dict(a.split("=", 1) for a in cmd[2:] if not a.startswith("hydra."))
+            jobs = grid(sweep)
+            assert len(jobs) == conditional.expected_jobs(process, len(tasks)), (world, process)
+    row = {"kl_rate": 0.30, "kl_floor": 0.25, "kl_floor_se": 0.01}  # one set's s.d.: 0.028
+    assert conditional.at_floor(row)  # 0.05 above: within 2 s.d. (0.057)
+    assert not conditional.at_floor(row | {"kl_rate": 0.31})

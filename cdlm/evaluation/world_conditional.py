@@ -86,3 +86,21 @@ def score_conditional(
         "violation_rate": float((~finite).double().mean()),
         "constraint_rate": float(world.constraint_rate(tokens.cpu()).mean()),
     }
+
+
+def infill_ceiling(cond: Conditional) -> dict[str, float]:
+    """What an infill of the free positions can score against a truth drawn from ``cond``
+    (``task=infill`` in a world), per span:
+
+    - ``exact_token_accuracy``: the mean over free positions of sum_v p(x_i = v | fixed)^2, the
+      token accuracy an exact conditional sampler (the oracle) averages;
+    - ``best_token_accuracy``: the mean of max_v p(x_i = v | fixed), the most any infill can
+      average (each position's most likely token);
+    - ``exact_span_exact``: sum_x p(x | fixed)^2, the span exact-match an exact sampler averages.
+    """
+    marginals = cond.token_marginals()[cond.free]
+    return {
+        "exact_token_accuracy": float((marginals**2).sum(-1).mean()),
+        "best_token_accuracy": float(marginals.max(-1).values.mean()),
+        "exact_span_exact": cond.collision(),
+    }

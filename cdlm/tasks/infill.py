@@ -2,7 +2,8 @@
 
 The acceptance check is exact recovery of the span. A row reports token accuracy, span exact
 match, whether the fixed regions came back unchanged (they must), and with a scorer the
-perplexity of the filled passages against the originals'.
+perplexity of the filled passages against the originals'. In an exact world the passages are the
+world's samples and a row also reports the ceiling its exact conditional sets (``exact_figures``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from dataclasses import dataclass
 
 import torch
 
+from cdlm import worlds
 from cdlm.evaluation.quality import Scorer, generative_perplexity
+from cdlm.evaluation.world_conditional import infill_ceiling
+from cdlm.evaluation.world_score import _mean_se
 from cdlm.generation import Plan
 from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
 from cdlm.regions import Layout
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import canvas, run_cases
+from cdlm.worlds.conditional import condition
 
 SPANS = (1, 4, 16, 32)
 MARGIN = 4  # tokens of context each side at least
@@ -104,5 +109,25 @@ def run(
             filled = generative_perplexity(texts, scorer).ppl
             original = generative_perplexity(truth, scorer).ppl
             row |= {"scorer_ppl": filled, "original_ppl": original, "ppl_ratio": filled / original}
+        if cases[0].passage.world is not None:
+            row |= exact_figures(cases, checks)
         rows.append(row | runs.work())
     return rows
+
+
+def exact_figures(cases: list[Case], checks: list[Check]) -> dict:
+    """In a world (passages its exact samples): the standard errors of token accuracy and span
+    exact-match over the cases, and beside them what the world's exact conditional of each
+    case's span given its two sides allows (``infill_ceiling``, averaged over the cases): an
+    exact sampler's expected figures and the best token accuracy of any infill."""
+    world = worlds.load(cases[0].passage.world)
+    ceilings = [
+        infill_ceiling(condition(world, torch.tensor(c.passage.ids), torch.tensor(c.editable())))
+        for c in cases
+    ]
+    accuracy = [k.correct / c.span for c, k in zip(cases, checks, strict=True)]
+    out = {
+        "token_accuracy_se": _mean_se(accuracy)[1],
+        "span_exact_se": _mean_se([float(k.exact) for k in checks])[1],
+    }
+    return out | {k: sum(c[k] for c in ceilings) / len(ceilings) for k in ceilings[0]}

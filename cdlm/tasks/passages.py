@@ -14,6 +14,8 @@ import torch
 
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
+from cdlm.worlds.base import World
+from cdlm.worlds.data import draw
 
 WORD = re.compile(r"\s*\S+")
 
@@ -23,6 +25,7 @@ class Passage:
     ids: list[int]  # the canvas, word after word
     spans: list[tuple[int, int]]  # each word's token span [a, b)
     words: list[str]  # each word with the whitespace before it
+    world: str | None = None  # world:<name> when the passage is an exact sample of that world
 
     @property
     def text(self) -> str:
@@ -76,6 +79,17 @@ def held_out(
         found.append(lay_out(tok, words))
     if len(found) < count:
         raise ValueError(f"the validation split holds {len(found)} sequences; {count} asked for")
+    return found
+
+
+def world_passages(world: World, spec: str, count: int, length: int, seed: int) -> list[Passage]:
+    """``count`` exact samples of ``world`` of ``length`` tokens, drawn from a stream of their
+    own keyed by ``seed`` (never a training or validation stream, ``cdlm.worlds.data.draw``),
+    each token a word: a world's text has no word boundaries a tokenizer did not make."""
+    found = []
+    for row in draw(world, count, length, "task-passages", seed).tolist():
+        words = [world.tokenizer.decode([t]) for t in row]
+        found.append(Passage(row, [(i, i + 1) for i in range(len(row))], words, spec))
     return found
 
 

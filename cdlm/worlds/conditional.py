@@ -77,6 +77,25 @@ class Conditional:
             out.append(h * step.push((out[-1] / norm.clamp_min(1e-300))[None])[0])
         return torch.stack(out)
 
+    def token_marginals(self) -> Tensor:
+        """(L, V) float64 each position's conditional token marginal p(x_i | fixed)."""
+        out = torch.zeros(self.length, self.world.vocab_size, dtype=torch.float64)
+        return out.index_add_(1, self.world.emit, self.marginals())
+
+    def collision(self) -> float:
+        """sum_x p(x | fixed)^2: the chance that two independent exact draws agree at every free
+        position (what an exact sampler's span exact-match averages). A forward sweep with
+        squared start and kernel; over state paths, which for a unifilar world are the token
+        sequences one to one. Rescaled each step, so a long span underflows only at the end."""
+        a, log_c = self.start() ** 2, 0.0
+        for i in range(1, self.length):
+            nxt = torch.zeros_like(a)
+            for states in torch.nonzero(a > 0)[:, 0].split(CHUNK):
+                nxt += a[states] @ self.kernel(i, states) ** 2
+            total = float(nxt.sum())
+            a, log_c = nxt / total, log_c + math.log(total)
+        return math.exp(log_c + math.log(float(a.sum())))
+
     @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """(n, L) exact draws of the whole canvas (its fixed positions as given), float64
