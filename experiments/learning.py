@@ -23,14 +23,14 @@ import study
 EPSILONS = (0.2, 0.1, 0.05)
 EXCESS, SE, FLOPS = "val/excess_bits", "val/excess_se", "train/flops"
 # overrides that name a row rather than a lever
-NAMING = {"process", "seed", "optimizer.lr", "data.world", "data", "resume", "hydra.sweep.dir"}
+NAMING = {"process", "seed", "optimizer.lr", "data.world", "data", "resume", "experiment"}
+QUIET = ("hydra", "trainer.enable_progress_bar")  # how a job ran, not what it trained
 AR = "autoregressive"
 
 
 def label(overrides: dict[str, str]) -> str:
     """The lever of a job: its overrides that are not its process, seed, world or rate."""
-    lever = {k: v for k, v in overrides.items() if k not in NAMING and not k.startswith("hydra")}
-    lever = {k: v for k, v in lever.items() if k not in ("experiment",)}
+    lever = {k: v for k, v in overrides.items() if k not in NAMING and not k.startswith(QUIET)}
     return " ".join(f"{k}={v}" for k, v in sorted(lever.items())) or "default"
 
 
@@ -106,30 +106,17 @@ def summary(rows: list[dict]) -> str:
                 f" ({len(values) - len(got)} not reached)" if len(got) < len(values) else ""
             )
 
-        cells.append(
-            [
-                world,
-                process,
-                lever,
-                len(found),
-                statistics.median(r["steps"] for r in found),
-                spread([r["excess_bits"] for r in found]),
-                spread([r["final_slope_per_100_steps"] for r in found]),
-                *(spread([r["multiplier"][str(e)] for r in found]) for e in EPSILONS),
-                spread([r["flops_multiplier"]["0.1"] for r in found]),
-            ]
-        )
-    columns = [
-        "world",
-        "process",
-        "lever",
-        "seeds",
-        "steps",
-        "final excess (bits)",
-        "slope /100 steps",
-        *(f"× AR steps, ε={e}" for e in EPSILONS),
-        "× AR FLOPs, ε=0.1",
-    ]
+        cells.append([
+            world, process, lever, len(found), statistics.median(r["steps"] for r in found),
+            spread([r["excess_bits"] for r in found]), spread([r["excess_se"] for r in found]),
+            spread([r["final_slope_per_100_steps"] for r in found]),
+            *(spread([r["steps_to_eps"][str(e)] for r in found]) for e in EPSILONS),
+            *(spread([r["multiplier"][str(e)] for r in found]) for e in EPSILONS),
+            spread([r["flops_multiplier"]["0.1"] for r in found]),
+        ])  # fmt: skip
+    columns = ["world", "process", "lever", "seeds", "steps", "final excess (bits)", "its SE",
+               "slope /100 steps", *(f"steps to ε={e}" for e in EPSILONS),
+               *(f"× AR, ε={e}" for e in EPSILONS), "× AR FLOPs, ε=0.1"]  # fmt: skip
     return study.markdown_table(columns, cells)
 
 
