@@ -24,13 +24,21 @@ def masked(tmp_path_factory, tiny_corpus):
     )
 
 
-def test_uniform_starts_from_the_masked_networks_weights(masked, tiny_corpus):
-    # the run's own data options ask for another vocabulary: the masked model's tokenizer wins
-    overrides = ["process=uniform", f"init_from={masked}", f"data.path={tiny_corpus}"]
+@pytest.fixture(scope="module")
+def autoregressive(tmp_path_factory, tiny_corpus):
+    return train_tiny(tmp_path_factory, tiny_corpus, "process=autoregressive")
+
+
+@pytest.mark.parametrize("start", ["masked", "autoregressive"])
+def test_uniform_starts_from_the_networks_weights(start, request, tiny_corpus):
+    """The masked or AR network, every parameter; the run's own data options ask for another
+    vocabulary, and the started model's tokenizer wins."""
+    path = request.getfixturevalue(start)
+    overrides = ["process=uniform", f"init_from={path}", f"data.path={tiny_corpus}"]
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, *SIZES, "data.vocab_size=280"])
     parts = build(cfg)
-    source = load_model(masked)
+    source = load_model(path)
     assert type(parts.process).__name__ == "UniformProcess"
     assert parts.data.tokenizer.get_vocab() == source.tokenizer.get_vocab()
     mine, theirs = parts.network.state_dict(), source.network.state_dict()
