@@ -3,14 +3,16 @@ at the same draws, and on Austen each lever's paired gain over its process's def
 
     python scripts/gpu_learning.py bounds RUNS --out learning_gpu.json [--draws 8]
 
-RUNS holds the script's sweep folders (``austen/``: experiment=learning_austen; ``crossover/``:
-experiment=learning_crossover). Every finished job with a model file gets ``bound.json``: its
-bound in groups of val sequences at ``draws`` draws keyed on (seed, draw, group) alone
-(``cdlm.evaluation.excess.group_bits``), so two models of one process read the same levels and
-noise and their difference is paired (``paired_bound``). An Austen lever row (recipe
-``<process>_<lever>``) is paired with its process's default row (recipe ``<process>``):
-``paired_gain_bits`` is the default's bound minus the lever's (positive: the lever is better),
-with its standard error over groups. Writes the rows to ``--out`` and a table to stdout.
+RUNS holds the script's sweep folders (``austen/``: experiment=learning_austen; ``start/``: a
+masked model without shift, then uniform started from it, the two sharing the sweep's budget;
+``crossover/``: experiment=learning_crossover). Every finished job with a model file gets
+``bound.json``: its bound in groups of val sequences at ``draws`` draws keyed on (seed, draw,
+group) alone (``cdlm.evaluation.excess.group_bits``), so two models of one process read the
+same levels and noise and their difference is paired (``paired_bound``). An Austen lever row
+(recipe ``<process>_<lever>``, or ``uniform_from_masked``) is paired with its process's default
+row (recipe ``<process>``): ``paired_gain_bits`` is the default's bound minus the lever's
+(positive: the lever is better), with its standard error over groups. Writes the rows to
+``--out`` and a table to stdout.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ from cdlm.model_file import load_model
 from cdlm.run.table import jobs
 
 PROCESSES = ("masked", "gaussian", "uniform")
+SWEEPS = ("austen", "start", "crossover")
+_VAL: dict[tuple, torch.Tensor] = {}  # (corpus, vocabulary) -> its val split: tokenised once
+
+
+def val_split(model, path: str | None) -> torch.Tensor:
+    """The val sequences of the corpus at ``path`` under the model's tokenizer; every job of
+    the script shares one tokenizer, so Austen is tokenised once, not once a job."""
+    key = (path, model.config["seq_len"], frozenset(model.tokenizer.get_vocab().items()))
+    if key not in _VAL:
+        _VAL[key] = validation_tokens(model, path)
+    return _VAL[key]
 
 
 def job_bits(folder: Path, overrides: dict, draws: int, sequences: int, group: int) -> GroupBits:
@@ -36,7 +49,7 @@ def job_bits(folder: Path, overrides: dict, draws: int, sequences: int, group: i
     if not path.is_file():
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model = load_model(folder / "model.safetensors", device)
-        val = validation_tokens(model, overrides.get("data.path"))[:sequences]
+        val = val_split(model, overrides.get("data.path"))[:sequences]
         found = group_bits(model, val, seed=0, draws=draws, group_size=group)
         record = {"bits": found.bits.tolist(), "tokens": found.tokens.tolist(),
                   "sequences": found.sequences, "draws": draws, "group_size": group}  # fmt: skip
@@ -56,11 +69,21 @@ def mean_and_se(found: GroupBits) -> tuple[float, float]:
     return mean, se
 
 
+def label_of(o: dict) -> str:
+    """A job's recipe, ``_unshifted`` for masked with ``process.shift=false`` (the start of
+    ``start/``), ``_from_masked`` for a run started from it (``init_from``)."""
+    recipe = o.get("recipe", o.get("process", "?"))
+    if o.get("process.shift") == "false":
+        recipe += "_unshifted"
+    return recipe + "_from_masked" if o.get("init_from") else recipe
+
+
 def bounds(root: Path, draws: int, sequences: int, group: int) -> list[dict]:
-    """A row per finished job (its bound ± SE, steps, FLOPs), Austen levers with their paired
-    gain over the default of their process."""
+    """A row per finished job (its bound ± SE, steps, FLOPs); each Austen lever, and the
+    uniform run started from a masked one (``start/``), with its paired gain over the default of
+    its process."""
     rows, found = [], {}
-    for sweep in ("austen", "crossover"):
+    for sweep in SWEEPS:
         if not (root / sweep).is_dir():
             continue
         for job in jobs(root / sweep):
@@ -71,21 +94,21 @@ def bounds(root: Path, draws: int, sequences: int, group: int) -> list[dict]:
             o = job["overrides"]
             bits = job_bits(folder, o, draws, sequences, group)
             bound, se = mean_and_se(bits)
-            recipe = o.get("recipe", o.get("process", "?"))
+            recipe = label_of(o)
             row = {"sweep": sweep, "job": job["job"], "recipe": recipe, "bound_bits": bound,
                    "bound_se": se, "draws": bits.bits.shape[0], "groups": bits.bits.shape[1],
                    "sequences": bits.sequences, "steps": job["steps"],
                    "flops": job["metrics"].get("train/flops"),
                    "train_size": o.get("data.train_size")}  # fmt: skip
             rows.append(row)
-            if sweep == "austen":
-                found[recipe] = bits
+            found[sweep, recipe] = bits
     for row in rows:
         process = row["recipe"].split("_")[0]
-        if row["sweep"] != "austen" or process not in PROCESSES or row["recipe"] == process:
+        lever = row["sweep"] == "austen" or row["recipe"].endswith("_from_masked")
+        if not lever or process not in PROCESSES or row["recipe"] == process:
             continue
-        if process in found:
-            pair = paired_bound(found[row["recipe"]], found[process])
+        if ("austen", process) in found:
+            pair = paired_bound(found[row["sweep"], row["recipe"]], found["austen", process])
             row |= {"world": "austen", "process": process, "lever": row["recipe"],
                     "paired_gain_bits": -pair.excess_bits, "paired_gain_se": pair.excess_se}  # fmt: skip
     return rows

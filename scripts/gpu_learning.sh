@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issue 49 item 8 on one CUDA GPU, one command of under 10 minutes: (a) today's defaults of masked,
 # gaussian and uniform beside candidate levers on Austen (experiment=learning_austen: one multirun,
-# every job at once on the GPU, MINUTES of wall clock each), each scored by its val bound at the
-# same draws and paired with its process's default (scripts/gpu_learning.py); (b) AR beside masked
+# every job at once on the GPU, MINUTES of wall clock each), and uniform started from a masked
+# model (unshifted, START), trained REST (START + REST = MINUTES), each scored by its val bound at
+# the same draws and paired with its process's default (scripts/gpu_learning.py); (b) AR beside masked
 # on a fixed sample of Austen for many epochs (experiment=learning_crossover, CROSS_STEPS steps),
 # beside (a) on the same GPU. Installs cdlm after the carried wheels (.whl/, scripts/gpu_wheels.sh)
 # as scripts/gpu_check.sh does; returns in $OUT/learning.tgz every job's CSV log, run.json,
-# overrides, model card and bound.json (unpack it and run cdlm-table on austen/ and crossover/),
+# overrides, model card and bound.json (unpack it; cdlm-table austen start crossover),
 # with $OUT/learning_gpu.{json,md} (the bounds and paired gains) and the logs beside it.
 # Run from the repository root:
 #   OUT=out bash scripts/gpu_learning.sh
@@ -19,7 +20,8 @@ py=${PYTHON:-python3}
 DRY=${DRY:-0}
 mkdir -p "$OUT" "$RUNS"
 if ((DRY)); then  # the whole script in a few minutes on two CPU cores
-    MINUTES=${MINUTES:-00:00:00:10} CROSS_STEPS=${CROSS_STEPS:-12} CROSS_SIZES=${CROSS_SIZES:-8,16}
+    MINUTES=${MINUTES:-00:00:00:10} START=${START:-00:00:00:05} REST=${REST:-00:00:00:05}
+    CROSS_STEPS=${CROSS_STEPS:-12} CROSS_SIZES=${CROSS_SIZES:-8,16}
     JOBS=${JOBS:-2} CROSS_JOBS=${CROSS_JOBS:-2} TRAIN_LIMIT=${TRAIN_LIMIT:-900}
     corpus=$RUNS/corpus
     mkdir -p "$corpus"
@@ -35,7 +37,8 @@ for name in ('emma', 'persuasion'):
 else
     # ~45 s install, ~40 s tokenizer, TRAIN_LIMIT (start-up, MINUTES, final bound, export),
     # ~90 s of bounds: about 9.5 minutes in all
-    MINUTES=${MINUTES:-00:00:03:30} CROSS_STEPS=${CROSS_STEPS:-2000}
+    MINUTES=${MINUTES:-00:00:03:30} START=${START:-00:00:01:30} REST=${REST:-00:00:02:00}
+    CROSS_STEPS=${CROSS_STEPS:-2000}
     CROSS_SIZES=${CROSS_SIZES:-400,1600} JOBS=${JOBS:-11} CROSS_JOBS=${CROSS_JOBS:-6}
     TRAIN_LIMIT=${TRAIN_LIMIT:-380}
     common=(trainer.accelerator=gpu trainer.devices=1 "trainer.precision=${PRECISION:-bf16-mixed}"
@@ -78,9 +81,23 @@ timeout -k 10 "$TRAIN_LIMIT" $py -m cdlm.cli.train -m experiment=learning_crosso
     "hydra.launcher.n_jobs=$CROSS_JOBS" "hydra.sweep.dir=$RUNS/crossover" "${common[@]}" \
     ${EXTRA:-} >"$OUT/crossover.log" 2>&1 &
 crossover_pid=$!
+start_run() {  # the uniform-from-masked lever (docs/guide/levers.md) in the sweep's budget
+    local masked=$RUNS/start/masked
+    $py -m cdlm.cli.train experiment=learning_austen recipe=masked process.shift=false \
+        phases=none "trainer.max_time=$START" "hydra.run.dir=$masked" "$@" &&
+        $py -m cdlm.cli.train experiment=learning_austen recipe=uniform \
+            process.time_conditioning=false "init_from=$masked/model.safetensors" \
+            "trainer.max_time=$REST" "hydra.run.dir=$RUNS/start/uniform" "$@"
+}
+export -f start_run
+export py RUNS START REST
+timeout -k 10 "$TRAIN_LIMIT" bash -c 'start_run "$@"' start "${common[@]}" "${austen_options[@]}" \
+    ${EXTRA:-} >"$OUT/start.log" 2>&1 &
+start_pid=$!
 wait "$austen_pid" || echo "austen rc=$?"
 wait "$crossover_pid" || echo "crossover rc=$?"
-tail -n 3 "$OUT/austen.log" "$OUT/crossover.log"
+wait "$start_pid" || echo "start rc=$?"
+tail -n 3 "$OUT/austen.log" "$OUT/crossover.log" "$OUT/start.log"
 
 echo "== bounds"
 timeout -k 10 "${BOUND_LIMIT:-120}" $py scripts/gpu_learning.py bounds "$RUNS" \
@@ -89,7 +106,7 @@ timeout -k 10 "${BOUND_LIMIT:-120}" $py scripts/gpu_learning.py bounds "$RUNS" \
 echo "== archive"  # one file: the device returns few
 pack=$RUNS/pack
 rm -rf "$pack"
-for run in "$RUNS"/austen/*/ "$RUNS"/crossover/*/; do
+for run in "$RUNS"/austen/*/ "$RUNS"/start/*/ "$RUNS"/crossover/*/; do
     [ -d "$run/.hydra" ] || continue
     name=$(basename "$(dirname "$run")")/$(basename "$run")
     mkdir -p "$pack/$name/.hydra" "$pack/$name/csv/version_0"

@@ -23,11 +23,12 @@ AUSTEN = ["masked", "masked_bell", "masked_flat", "masked_complementary", "gauss
           "uniform_curriculum"]  # fmt: skip
 
 
-def fake_job(folder: Path, recipe: str, bits: list[list[float]]) -> None:
-    """A finished Austen job whose bound is cached: groups of 10 and 30 tokens."""
+def fake_job(folder: Path, recipe: str, bits: list[list[float]], *more: str) -> None:
+    """A finished job whose bound is cached: groups of 10 and 30 tokens."""
+    overrides = [f"recipe={recipe}", *more]
     (folder / ".hydra").mkdir(parents=True)
-    (folder / ".hydra" / "overrides.yaml").write_text(f"- recipe={recipe}\n")
-    write(folder, Record("cdlm-train", [f"recipe={recipe}"], Cost(), steps=100))
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    write(folder, Record("cdlm-train", overrides, Cost(), steps=100))
     (folder / "model.safetensors").write_bytes(b"")  # never read: bound.json is the cache
     record = {"bits": bits, "tokens": [10, 30], "sequences": 4, "draws": len(bits)}
     (folder / "bound.json").write_text(json.dumps(record))
@@ -39,6 +40,9 @@ def test_a_lever_is_paired_with_its_process_default(tmp_path):
     fake_job(tmp_path / "austen" / "0", "masked", [[2.0, 3.0], [2.0, 3.0]])
     fake_job(tmp_path / "austen" / "1", "masked_flat", [[1.0, 3.5], [2.0, 2.5]])
     fake_job(tmp_path / "austen" / "2", "gaussian_bell", [[5.0, 5.0]])  # no default: unpaired
+    fake_job(tmp_path / "austen" / "3", "uniform", [[6.0, 6.0]])
+    fake_job(tmp_path / "start" / "masked", "masked", [[1.0, 1.0]], "process.shift=false")
+    fake_job(tmp_path / "start" / "uniform", "uniform", [[7.0, 5.0]], "init_from=m.safetensors")
     rows = {r["recipe"]: r for r in gpu_learning.bounds(tmp_path, draws=2, sequences=4, group=2)}
     lever = rows["masked_flat"]
     assert lever["world"] == "austen" and lever["process"] == "masked"
@@ -46,6 +50,11 @@ def test_a_lever_is_paired_with_its_process_default(tmp_path):
     assert lever["paired_gain_se"] == pytest.approx(0.1875, abs=1e-12)
     assert lever["bound_bits"] == pytest.approx(0.25 * 1.5 + 0.75 * 3.0, abs=1e-12)
     assert "paired_gain_bits" not in rows["masked"] | rows["gaussian_bell"]
+    # the start (less time than the sweep's masked) is no lever; uniform from it is
+    assert "paired_gain_bits" not in rows["masked_unshifted"]
+    start = rows["uniform_from_masked"]
+    assert start["process"] == "uniform" and start["sweep"] == "start"
+    assert start["paired_gain_bits"] == pytest.approx(6.0 - (0.25 * 7.0 + 0.75 * 5.0), abs=1e-12)
     assert "| austen | masked_flat |  | 100 | 2.6250 ± " in gpu_learning.table(list(rows.values()))
 
 
@@ -68,12 +77,15 @@ def test_the_dry_run_trains_scores_and_archives_every_job(tmp_path):
         paired = "paired_gain_bits" in row
         assert paired == (recipe not in ("masked", "gaussian", "uniform")), row
         assert row["bound_se"] > 0 and row["draws"] == 2
+    start = {r["recipe"]: r for r in rows if r["sweep"] == "start"}
+    assert sorted(start) == ["masked_unshifted", "uniform_from_masked"]
+    assert "paired_gain_bits" in start["uniform_from_masked"]
     crossover = [(r["recipe"], r["train_size"]) for r in rows if r["sweep"] == "crossover"]
     assert len(crossover) == 6 and {s for _, s in crossover} == {"8", "16"}
     unpacked = tmp_path / "unpacked"
     with tarfile.open(out / "learning.tgz") as archive:
         archive.extractall(unpacked, filter="data")
-    for sweep, jobs in (("austen", 11), ("crossover", 6)):
+    for sweep, jobs in (("austen", 11), ("start", 2), ("crossover", 6)):
         table = collect([unpacked / sweep])
         assert len(table["rows"]) == jobs
         assert {r["status"] for r in table["rows"]} == {"finished"}
