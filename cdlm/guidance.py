@@ -32,7 +32,12 @@ class WithLabel(Wrapper):
         self.denoiser, self.label = denoiser, label
 
     def __call__(self, x: Tensor, *args, **kwargs) -> Prediction:
-        return self.denoiser(x, *args, label=self.label, **kwargs)
+        return self.denoiser(x, *args, label=self.labels_for(x.shape[0]), **kwargs)
+
+    def labels_for(self, batch: int) -> Tensor:
+        """The labels of a batch of ``batch`` rows: repeated when the batch was stacked on
+        itself, as complementary masking stacks its complement below the corruption."""
+        return self.label.repeat(max(1, batch // self.label.shape[0]))
 
     def next_token_logits(self, tokens: Tensor, **kwargs) -> Tensor:
         return self.denoiser.next_token_logits(tokens, label=self.label, **kwargs)
@@ -40,8 +45,7 @@ class WithLabel(Wrapper):
     def streams(self, z: Tensor, clean: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
         """Block diffusion's two-stream training call, with the label (repeated when the batch
         was stacked on itself, as complementary masking does)."""
-        label = self.label.repeat(z.shape[0] // self.label.shape[0])
-        return self.denoiser.streams(z, clean, label=label, **kwargs)
+        return self.denoiser.streams(z, clean, label=self.labels_for(z.shape[0]), **kwargs)
 
 
 def drop_labels(label: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:

@@ -210,21 +210,25 @@ def from_pretrained(
     return load_model(ref, device, revision)
 
 
-def load_network_weights(network: nn.Module, path: str | Path) -> None:
-    """Initialises ``network`` from the network weights of a cdlm checkpoint (e.g. a masked
-    model from an AR one, DiffuLLaMA / Dream adaptation); the shapes must match."""
-    if not hub.is_hub_id(str(path)) and not Path(path).exists():
-        raise ModelFileError(f"init_from checkpoint not found: {path}")
-    path, _ = _local(path)
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ModelFileError(f"cannot read checkpoint {path}: {e}") from None
-    part = {k[len("network.") :]: v for k, v in state.items() if k.startswith("network.")}
-    try:
-        network.load_state_dict(part)
-    except RuntimeError as e:
-        message = " ".join(str(e).split())
+def load_network_weights(network: nn.Module, source: Model, path: str | Path) -> None:
+    """Initialises ``network`` from the network of the cdlm model ``source`` (loaded from
+    ``path``): e.g. masked or uniform from an AR model (DiffuLLaMA / Dream adaptation), uniform
+    from a masked one. The parameter names and shapes must match; a network that does not fit
+    is refused in one line that names the first differences."""
+    own, theirs = network.state_dict(), source.network.state_dict()
+    differences = [f"missing {k}" for k in own if k not in theirs]
+    differences += [f"unexpected {k}" for k in theirs if k not in own]
+    differences += [
+        f"{k} is {tuple(theirs[k].shape)} there, {tuple(own[k].shape)} here"
+        for k in own
+        if k in theirs and theirs[k].shape != own[k].shape
+    ]
+    if differences:
+        kind = source.config.get("process", {}).get("_target_", "?").rsplit(".", 1)[-1]
+        more = f" (+{len(differences) - 3} more)" if len(differences) > 3 else ""
         raise ModelFileError(
-            f"init_from {path}: its network does not fit this one: {message}"
-        ) from None
+            f"init_from {path} ({kind}): its network does not fit this run's: "
+            + "; ".join(differences[:3])
+            + more
+        )
+    network.load_state_dict(theirs)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Downloads into .whl/ the wheels that cdlm needs on the H200 machine and that its image lacks
-# (docs/results/gpu.md): Hydra and its two dependencies. Every other dependency (torch, lightning,
+# (docs/results/gpu.md): Hydra and its two dependencies, and Hydra's joblib launcher with joblib
+# (the multiruns of scripts/gpu_learning.sh and gpu_crossover.sh). Every other dependency (torch, lightning,
 # transformers, tokenizers, safetensors, scipy, numpy, pyyaml, packaging, pytest) is already
 # there; wandb is imported only by runs that log to W&B, and scripts/gpu_check.sh uses
 # logger=csv. Run once, here, in the repository root; .whl/ must be ignored by git
 # (.git/info/exclude) and named in the device tool's carry.
 set -euo pipefail
-# The versions this project's tests run with; both are pure Python (py3-none-any).
-WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1)
+# The versions this project's tests run with; all are pure Python (py3-none-any).
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 hydra-joblib-launcher==1.2.0 joblib==1.6.0)
 mkdir -p .whl
 rm -f .whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

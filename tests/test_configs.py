@@ -98,6 +98,13 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "uniform": ("UniformProcess", None, None, None),
     "uniform_curriculum": ("UniformProcess", None, None, None),
     "uniform_curriculum_world": ("UniformProcess", None, None, None),
+    # the lever rows of the GPU learning study (scripts/gpu_learning.sh)
+    "masked_bell": ("MaskedProcess", None, None, None),
+    "masked_flat": ("MaskedProcess", None, None, None),
+    "masked_complementary": ("MaskedProcess", None, None, None),
+    "gaussian_bell": ("GaussianProcess", "Bell", 1.0, []),
+    "uniform_bell": ("UniformProcess", None, None, None),
+    "uniform_flat": ("UniformProcess", None, None, None),
 }
 # the one setting each study row changes from its process's defaults
 CHANGES = {
@@ -108,6 +115,12 @@ CHANGES = {
     "block": ("process.complementary", True),
     "uniform_curriculum": ("process.curriculum.share", 0.5),
     "uniform_curriculum_world": ("process.curriculum.gamma_max", 4),
+    "masked_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
+    "masked_flat": ("process.flat_weight", True),
+    "masked_complementary": ("process.complementary", True),
+    "gaussian_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
+    "uniform_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
+    "uniform_flat": ("process.flat_weight", True),
 }
 
 

@@ -65,6 +65,29 @@ def test_datamodule_sequences_and_split(tiny_corpus, packing):
     assert torch.equal(again.val_set.tokens, dm.val_set.tokens)
 
 
+def test_train_size_is_one_fixed_sample_whatever_the_seed(tiny_corpus):
+    """data.train_size: that many of the training sequences, the same rows for every run seed,
+    the validation split untouched; a size beyond the training set is refused."""
+    full, *capped = (
+        TextDataModule(
+            path=str(tiny_corpus), vocab_size=300, seq_len=24, seed=seed, train_size=size
+        )
+        for seed, size in ((0, None), (0, 7), (3, 7))
+    )
+    for dm in (full, *capped):
+        dm.setup()
+    rows = {tuple(r) for r in full.train_set.tokens.tolist()}
+    assert len(capped[0].train_set) == 7 and torch.equal(*(c.train_set.tokens for c in capped))
+    assert {tuple(r) for r in capped[0].train_set.tokens.tolist()} <= rows
+    assert len({tuple(r) for r in capped[0].train_set.tokens.tolist()}) == 7
+    assert torch.equal(capped[0].val_set.tokens, full.val_set.tokens)
+    too_many = TextDataModule(path=str(tiny_corpus), vocab_size=300, seq_len=24, train_size=10**6)
+    with pytest.raises(ValueError, match=r"data.train_size must be in \[1, \d+\], got 1000000"):
+        too_many.setup()
+    with pytest.raises(ValueError, match="not with streaming"):
+        TextDataModule(path="x", streaming=True, train_size=7)
+
+
 def test_tokenizer_round_trips_and_is_cached(tiny_corpus):
     dm = TextDataModule(path=str(tiny_corpus), vocab_size=300)
     dm.setup()

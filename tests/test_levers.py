@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cdlm.guidance import WithLabel
 from cdlm.networks.transformer import Transformer
 from cdlm.processes.complement import with_masked_complement, with_uniform_complement
 from cdlm.processes.masked import MaskedProcess
@@ -206,3 +207,20 @@ def test_levers_compose_with_a_log_linear_masked_process_from_the_config_keys():
     ).train()
     out = process.loss(MaskedDenoiser(TableNetwork(), MASK), tokens_batch(), None)
     assert out.loss.isfinite() and out.observation[0].shape[0] <= 2 * B
+
+
+@pytest.mark.parametrize("make", [masked, uniform])
+def test_complementary_masking_gives_each_half_its_rows_labels(make):
+    """A class-conditional run (the Austen default) binds one label per sequence; the
+    complement stacked below the batch reads the same labels, row for row."""
+    process, batch = make(complementary=True).train(), tokens_batch()
+    labels = torch.arange(B) % 3
+    seen = []
+
+    class Labelled(TableNetwork):
+        def forward(self, z, t, label=None, **kwargs):
+            seen.append(label)
+            return super().forward(z, t)
+
+    process.loss(WithLabel(process.make_denoiser(Labelled()), labels), batch)
+    assert torch.equal(seen[0], labels.repeat(2))

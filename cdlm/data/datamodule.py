@@ -105,6 +105,8 @@ class TextDataModule(RankedData):
             ``val_fraction`` of the pairs is held out, and there are no labels.
         subset, split: the Hub dataset's subset (config name) and split.
         shuffle_buffer: streaming: documents shuffled together in each reader (0: stream order).
+        train_size: None: every training sequence; an int: a fixed random sample of that many,
+            the same whatever the run's seed or process (data-constrained runs over many epochs).
     """
 
     def __init__(
@@ -128,12 +130,15 @@ class TextDataModule(RankedData):
         sample_documents: int = 10_000,
         shuffle_buffer: int = 0,
         format: str = "text",
+        train_size: int | None = None,
     ) -> None:
         super().__init__()
         if format not in FORMATS:
             raise ValueError(f"unknown data.format {format!r}; valid: {', '.join(FORMATS)}")
         if format == "pairs" and streaming:
             raise ValueError("data.format=pairs reads its file whole: data.streaming must be false")
+        if train_size is not None and (streaming or format == "pairs"):
+            raise ValueError("data.train_size samples in-memory text: not with streaming or pairs")
         if seq_len < 2:
             raise ValueError(f"data.seq_len must be >= 2, got {seq_len}")
         if batch_size < 1:
@@ -148,7 +153,7 @@ class TextDataModule(RankedData):
         self.seed = seed
         self.streaming, self.subset, self.split = streaming, subset, split
         self.val_sequences, self.sample_documents = val_sequences, sample_documents
-        self.shuffle_buffer, self.format = shuffle_buffer, format
+        self.shuffle_buffer, self.format, self.train_size = shuffle_buffer, format, train_size
         self.order: ResumableSampler | None = None
         self.stream: PackedStream | None = None  # this rank's, when streaming
         self.unigram_sample: torch.Tensor | None = None
@@ -189,6 +194,13 @@ class TextDataModule(RankedData):
                 f"corpus too small: {len(train)} train / {len(val)} val sequences of "
                 f"{self.seq_len} tokens; give more text or a smaller data.seq_len"
             )
+        if self.train_size is not None:  # seeded apart from the run: every run sees the same
+            if not 1 <= self.train_size <= len(train):
+                raise ValueError(
+                    f"data.train_size must be in [1, {len(train)}], got {self.train_size}"
+                )
+            keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+            train = [train[i] for i in keep[: self.train_size].tolist()]
         self.train_set, self.val_set = self._dataset(train), self._dataset(val)
 
     def _setup_pairs(self) -> None:

@@ -65,11 +65,13 @@ def build(cfg: DictConfig) -> Parts:
         return Parts(data, teacher.process.train(), student_of(teacher.network), extra)
     if pretrained.is_base(cfg.init_from):
         return build_from_base(cfg)
-    data = _data(cfg)
+    source = load_model(cfg.init_from) if cfg.init_from else None
+    # a started network's embedding rows mean its own tokens: the run reads text through them
+    data = _data(cfg, source.tokenizer if source else None)
     process_kwargs, process, network_kwargs = _process(cfg, data)
     network = instantiate(cfg.network, **network_kwargs)
-    if cfg.init_from:
-        load_network_weights(network, cfg.init_from)
+    if source is not None:
+        load_network_weights(network, source, cfg.init_from)
     config = model_config(cfg, process_kwargs, network_kwargs, data.labels)
     return Parts(data, process, network, {"log_prior": data.log_unigram(), "model_config": config})
 
