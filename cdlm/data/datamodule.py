@@ -8,11 +8,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from cdlm.data.corpus import Document, load_documents
 from cdlm.data.order import BatchShards, ResumableLoader, ResumableSampler
 from cdlm.data.pairs import PairDataset, encode_pairs, read_pairs
+from cdlm.data.sequences import SequenceDataset
 from cdlm.data.streaming import (
     PackedStream,
     StreamCorpus,
@@ -24,33 +25,6 @@ from cdlm.data.streaming import (
 from cdlm.data.tokenizer import corpus_bpe, pretrained
 
 FORMATS = ("text", "pairs")
-
-
-class SequenceDataset(Dataset):
-    """tokens: (N, L) int64; labels: (N,) int64; pad_id: with padded (unpacked) data, PAD
-    positions get ``valid`` False, so that losses and bits/token skip them (as MDLM does)."""
-
-    def __init__(
-        self, tokens: torch.Tensor, labels: torch.Tensor, pad_id: int | None = None
-    ) -> None:
-        self.tokens, self.labels, self.pad_id = tokens, labels, pad_id
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        item = {"tokens": self.tokens[i], "label": self.labels[i]}
-        if self.pad_id is not None:
-            item["valid"] = self.tokens[i] != self.pad_id
-        return item
-
-    def counted_tokens(self) -> torch.Tensor:
-        """The ids that are text, not PAD (the unigram prior's counts)."""
-        return (
-            self.tokens.flatten()
-            if self.pad_id is None
-            else self.tokens[self.tokens != self.pad_id]
-        )
 
 
 class RankedData(L.LightningDataModule):

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from cdlm.data.datamodule import RankedData, SequenceDataset
+from cdlm.data.datamodule import RankedData
 from cdlm.data.order import ResumableLoader, ResumableSampler, taken_of
+from cdlm.data.sequences import SequenceDataset
 from cdlm.worlds import PREFIX, is_world, load, names, options
 from cdlm.worlds.base import NEVER, World
 
