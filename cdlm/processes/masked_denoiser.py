@@ -65,8 +65,12 @@ class MaskedDenoiser(NetworkDenoiser):
         logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
         if not subs:
             return Prediction(logits=logp)
-        carried = torch.full_like(logp, -math.inf).scatter_(-1, seen[..., None], 0.0)
-        return Prediction(logits=torch.where((seen != self.mask_id)[..., None], carried, logp))
+        # a decided position's row: -inf but 0 at its token. A masked one's scatter rewrites
+        # its [MASK] entry, already -inf: two passes over (B, W, V), not a full_like and a where
+        known = (seen != self.mask_id)[..., None]
+        carried = logp.masked_fill(known, -math.inf)
+        value = torch.zeros_like(known, dtype=logp.dtype).masked_fill_(~known, -math.inf)
+        return Prediction(logits=carried.scatter_(-1, seen[..., None], value))
 
     def window_inputs(self, z: Tensor, positions: Tensor) -> Tensor:
         """The network inputs at ``positions`` of its own sequence: z[positions], or, shifted,
