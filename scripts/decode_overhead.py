@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -262,6 +263,7 @@ def measure(loop: Loop, batch: int, s: Shape, repeats: int) -> dict:
         "sampler": loop.sampler,
         "batch": batch,
         "vocab": s.vocab,
+        "seq_len": s.seq_len,
         "loop_over_bare": per_call / (statistics.median(bare_t) / bare_calls),
         "loop_calls": loop_calls,
         "bare_calls": bare_calls,
@@ -316,7 +318,8 @@ def main() -> None:
                     flush=True,
                 )
     meta = {
-        "shape": asdict(Shape()),
+        "shape": asdict(Shape(seq_len=args.seq_len)),
+        "load_average_at_end": os.getloadavg(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
