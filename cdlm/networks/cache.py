@@ -66,14 +66,11 @@ class LayerCache:
 
 
 class PreallocatedLayerCache(LayerCache):
-    """A ``LayerCache`` whose keys and values live in two buffers of ``capacity`` positions,
-    allocated at the first write (gpt-fast's static cache): a write copies the chunk into place
-    instead of concatenating the whole cache anew, so decoding L tokens one at a time copies L
-    positions, not L^2 / 2, and allocates nothing per step. A read-only chunk is copied past
-    the end and left there. ``k``/``v`` and what ``extend`` returns are views of the buffers,
-    valid until the next call: the same values as the concatenating cache, bit for bit.
-    Decoding only: a write is an in-place copy, which autograd refuses to differentiate through
-    once a later write has changed what it saved."""
+    """A ``LayerCache`` in two buffers of ``capacity`` positions, allocated at the first write
+    (gpt-fast's static cache): a chunk is copied into place, so decoding L tokens copies L
+    positions, not L^2 / 2 (a read-only chunk is copied past the end and left there). ``k``,
+    ``v`` and what ``extend`` returns are views, valid until the next call, bit-identical to the
+    concatenating cache's. For decoding: autograd refuses a later in-place write."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity, self.size = capacity, 0
@@ -92,8 +89,7 @@ class PreallocatedLayerCache(LayerCache):
         return self.size
 
     def _room(self, k: Tensor, end: int) -> tuple[Tensor, Tensor]:
-        """Buffers that hold ``end`` positions of chunks like ``k``: the present ones, or new
-        ones (at least twice as long when they grow) with the cached positions copied over."""
+        """Buffers for ``end`` positions of chunks like ``k`` (grown at least twice as long)."""
         b, h, _, d = k.shape
         if self.buffers is not None:
             held = self.buffers[0]
