@@ -209,3 +209,32 @@ def test_annealed_mask_unchanged_without_cache_and_refused_with_one():
     torch.testing.assert_close(bidirectional(tokens, t), causal(tokens, t), **TOL)
     with pytest.raises(ValueError, match="annealed"):
         bidirectional(tokens, t, cache=bidirectional.new_cache())
+
+
+def _decode(network: Transformer, cache: KVCache) -> list[torch.Tensor]:
+    """Writes, a read-only chunk, one-token steps, a truncation (a rejected draft), a rewrite."""
+    tokens, t = data()
+    outs = [network(tokens[:, :5], t, cache=cache)]
+    with cache.read_only():
+        outs.append(network(tokens[:, 5:9], t, cache=cache))
+    for i in range(5, 9):
+        outs.append(network(tokens[:, i : i + 1], t, cache=cache))
+    cache.truncate(6)
+    outs.append(network(tokens[:, 6:12], t, cache=cache))
+    return outs
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("capacity", [3, 32])
+def test_preallocated_cache_matches_the_concatenating_one_exactly(causal, capacity):
+    """The preallocated cache (``PreallocatedLayerCache``, the network's default) against the
+    concatenating one, at a small capacity through growth: every output and every cached key
+    and value bit for bit."""
+    network = net(causal)
+    assert network.new_cache()[0].capacity == 32  # the rotary table's max_seq_len
+    caches = KVCache(2), KVCache(2, capacity=capacity)
+    plain, buffered = (_decode(network, c) for c in caches)
+    assert all(torch.equal(a, b) for a, b in zip(plain, buffered, strict=True))
+    assert caches[1].length == caches[0].length == 12
+    for a, b in zip(*caches, strict=True):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)

@@ -65,17 +65,80 @@ class LayerCache:
             self.k, self.v = self.k[..., :length, :], self.v[..., :length, :]
 
 
+class PreallocatedLayerCache(LayerCache):
+    """A ``LayerCache`` in two buffers of ``capacity`` positions, allocated at the first write
+    (gpt-fast's static cache): a chunk is copied into place, so decoding L tokens copies L
+    positions, not L^2 / 2 (a read-only chunk is copied past the end and left there). ``k``,
+    ``v`` and what ``extend`` returns are views, valid until the next call, bit-identical to the
+    concatenating cache's. For decoding: autograd refuses a later in-place write."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.size = capacity, 0
+        self.buffers: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def k(self) -> Tensor | None:  # type: ignore[override]
+        return None if not self.size else self.buffers[0][..., : self.size, :]
+
+    @property
+    def v(self) -> Tensor | None:  # type: ignore[override]
+        return None if not self.size else self.buffers[1][..., : self.size, :]
+
+    @property
+    def length(self) -> int:
+        return self.size
+
+    def _room(self, k: Tensor, end: int) -> tuple[Tensor, Tensor]:
+        """Buffers for ``end`` positions of chunks like ``k`` (grown at least twice as long)."""
+        b, h, _, d = k.shape
+        if self.buffers is not None:
+            held = self.buffers[0]
+            if (held.shape[0], held.shape[1], held.shape[3], held.dtype) != (b, h, d, k.dtype):
+                if self.size:
+                    raise ValueError(
+                        f"a chunk of shape {tuple(k.shape)} {k.dtype} does not fit a cache of "
+                        f"{tuple(held.shape)} {held.dtype}"
+                    )
+            elif end <= held.shape[2]:
+                return self.buffers
+        old = 0 if self.buffers is None else self.buffers[0].shape[2]
+        size = max(self.capacity, end, 2 * old if self.size else 0)
+        grown = tuple(k.new_empty(b, h, size, d) for _ in range(2))
+        if self.size:
+            for new, held in zip(grown, self.buffers, strict=True):
+                new[..., : self.size, :] = held[..., : self.size, :]
+        self.buffers = grown
+        return grown
+
+    def extend(self, k: Tensor, v: Tensor, write: bool = True) -> tuple[Tensor, Tensor]:
+        end = self.size + k.shape[-2]
+        keys, values = self._room(k, end)
+        keys[..., self.size : end, :] = k
+        values[..., self.size : end, :] = v
+        if write:
+            self.size = end
+        return keys[..., :end, :], values[..., :end, :]
+
+    def truncate(self, length: int) -> None:
+        self.size = min(self.size, length)
+
+
 class KVCache:
     """One ``LayerCache`` per Transformer block, list-like (``len(cache)`` layers, ``cache[i]``),
     from ``Transformer.new_cache()``; ``forward(..., cache=cache)`` reads and extends it.
+    ``capacity``: preallocate each layer for that many positions (``PreallocatedLayerCache``,
+    growing if ever needed); None concatenates.
 
     While ``frozen`` is True (set it, or use ``read_only()``), forward passes attend to the
     cache without writing into it, so a block can be denoised over several steps against a fixed
     prefix.
     """
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, capacity: int | None = None) -> None:
+        self.layers = [
+            LayerCache() if capacity is None else PreallocatedLayerCache(capacity)
+            for _ in range(n_layers)
+        ]
         self.frozen = False
         self.real: Tensor | None = None  # (B, T): which cached keys are not padding
 

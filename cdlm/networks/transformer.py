@@ -184,8 +184,9 @@ class Transformer(AttentionPattern, nn.Module):
         self.out_proj = nn.Linear(d_model, out_dim)
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache, for causal and bidirectional networks alike."""
-        return KVCache(len(self.blocks))
+        """An empty KV cache, for causal and bidirectional networks alike, preallocated for
+        the rotary table's ``max_seq_len`` positions (no concatenation per decoding step)."""
+        return KVCache(len(self.blocks), capacity=self.rotary.cos.shape[0])
 
     def forward(
         self,

@@ -60,13 +60,17 @@ class MaskedDenoiser(NetworkDenoiser):
         on [MASK], and each unmasked input of ``seen`` (B, W) carried over (unless not
         ``subs``)."""
         logits = full_precision(out)
-        no_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        no_mask[self.mask_id] = True
-        logp = logits.masked_fill(no_mask, -math.inf).log_softmax(-1)
-        if not subs:
-            return Prediction(logits=logp)
-        carried = torch.full_like(logp, -math.inf).scatter_(-1, seen[..., None], 0.0)
-        return Prediction(logits=torch.where((seen != self.mask_id)[..., None], carried, logp))
+        mask_column = torch.tensor([self.mask_id], device=logits.device)
+        logits = logits.index_fill(-1, mask_column, -math.inf)  # our copy, changed in place below
+        if subs:
+            # a decided position's row becomes 0 at its token and -inf elsewhere before the
+            # softmax, which leaves it exactly so (and passes no gradient, as a constant): one
+            # pass less than carrying it over after. A masked position's scatter rewrites its
+            # [MASK] entry, already -inf.
+            known = (seen != self.mask_id)[..., None]
+            value = torch.zeros_like(known, dtype=logits.dtype).masked_fill_(~known, -math.inf)
+            logits.masked_fill_(known, -math.inf).scatter_(-1, seen[..., None], value)
+        return Prediction(logits=logits.log_softmax(-1))
 
     def window_inputs(self, z: Tensor, positions: Tensor) -> Tensor:
         """The network inputs at ``positions`` of its own sequence: z[positions], or, shifted,

@@ -63,6 +63,7 @@ def sample_ar(
         x[:, :first] = prompt[:, :first]
         step_input = torch.cat([step_input, x[:, :first]], 1)
     starts = _starts(denoiser, generator, first, batch, x.device) if use_cache else None
+    every_row = first if starts is None else int(starts.max())  # from here every row draws
     for i in range(first, length):
         if use_cache:
             pred = denoiser(step_input, cache=cache)
@@ -71,9 +72,11 @@ def sample_ar(
             pred = denoiser(denoiser.shift(x)[:, : i + 1])
             positions += i + 1
         logp = pred.logits[:, -1].log_softmax(-1)
-        token, live = logp.argmax(-1), i >= (first if starts is None else starts)
-        # a row before its start is in its prompt: its (forced) token, no draw
-        token[live] = sample_categorical(logp[live], rng.select(generator, live), temperature)
+        if i >= every_row:
+            token = sample_categorical(logp, generator, temperature)
+        else:  # a row before its start is in its prompt: its (forced) token, no draw
+            token, live = logp.argmax(-1), i >= (first if starts is None else starts)
+            token[live] = sample_categorical(logp[live], rng.select(generator, live), temperature)
         x[:, i] = torch.where(done, eos, token)
         step_input = x[:, i : i + 1]
         done |= (x[:, i] == eos) & stop_at_eos

@@ -38,6 +38,7 @@ from cdlm.samplers.masked_steps import (
     blocks_of,
     ended_at_eos,
     ended_rows,
+    interval_memo,
     intervals,
     penalise_repeats,
     row_grids,
@@ -112,6 +113,7 @@ def decode(
     else, a prompt, is never changed)."""
     mask_id, length = process.mask_id, x.shape[1]
     free_at_start, memo = x == mask_id, rule.memo(x)
+    between = interval_memo(process.schedule.keep)
     i, pred = 0, None
     for a, b in blocks:
         in_block = torch.zeros(length, dtype=torch.bool, device=x.device)
@@ -127,7 +129,7 @@ def decode(
             x = x.clone()
             undecided = _undecided(x, mask_id, in_block, free, rule.revises, generator)
             span = range(length)[view]
-            for rows, iv in intervals(grid, j, undecided, process.schedule.keep):
+            for rows, iv in intervals(grid, j, undecided, between):
                 kept = None if memo is None else memo[rows][:, view]
                 window = Window(seen[rows], logp[rows], free[rows][:, view], mask_id, kept)
                 draws = rng.select(rng.window(generator, span.start, span.stop), rows)

@@ -12,6 +12,7 @@ draws are float64 and made only at the positions being decided.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from cdlm import rng
 from cdlm.samplers.base import categorical_at, sample_categorical
 
 
-@dataclass
+@dataclass(frozen=True)  # shared between the blocks of a run (``interval_memo``)
 class Interval:
     """One step of a block: from time t to s, with ``steps_left`` steps (this one included)."""
 
@@ -274,13 +275,23 @@ def times_at(grid: Tensor | list[Tensor], j: int) -> tuple[float, float]:
     return max((float(g[j]), float(g[j + 1])) for g in grid if j < len(g) - 1)
 
 
+def interval_memo(keep: Callable) -> Callable[[float, float, int], Interval]:
+    """``Interval.between`` under ``keep`` for one decoding run, each (t, s, steps_left) worked
+    out once: every block walks the same grid, and each interval costs four schedule calls."""
+    return functools.cache(functools.partial(Interval.between, keep))
+
+
 def intervals(
-    grid: Tensor | list[Tensor], j: int, rows: Tensor | slice, keep: Callable
+    grid: Tensor | list[Tensor],
+    j: int,
+    rows: Tensor | slice,
+    between: Callable[[float, float, int], Interval],
 ) -> Iterator[tuple[Tensor | slice, Interval]]:
-    """The ``rows`` that step j decides with each ``Interval``: all of them with the grid's, or
-    per-row grids grouped by their values (rows whose grid has ended take no step)."""
+    """The ``rows`` that step j decides with each ``Interval`` (from ``between``, e.g.
+    ``interval_memo``): all of them with the grid's, or per-row grids grouped by their values
+    (rows whose grid has ended take no step)."""
     if isinstance(grid, Tensor):
-        yield rows, Interval.between(keep, float(grid[j]), float(grid[j + 1]), len(grid) - 1 - j)
+        yield rows, between(float(grid[j]), float(grid[j + 1]), len(grid) - 1 - j)
         return
     groups: dict[tuple[float, ...], list[int]] = {}
     for b, g in enumerate(grid):
@@ -292,4 +303,4 @@ def intervals(
         chosen[members] = True
         if (chosen := chosen & rows).any():
             steps_left = len(values) - 1 - j
-            yield chosen, Interval.between(keep, values[j], values[j + 1], steps_left)
+            yield chosen, between(values[j], values[j + 1], steps_left)
