@@ -111,6 +111,22 @@ def check(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
             rule.check(key, value)
 
 
+def require_world_options(ckpt: Any, options: Any) -> None:
+    """``world_options`` name options the world of ``ckpt=world:<name>`` has, and are given
+    only with one (a model trained on a world records its own)."""
+    try:
+        if worlds.is_world(ckpt):
+            worlds.options(ckpt, options)
+        else:
+            require(
+                not worlds.options_set(options),
+                "world_options apply to ckpt=world:<name> (a model trained on a world records "
+                "its own)",
+            )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def require_model_file(path: Any, base_ok: bool = False, process: Any = None) -> None:
     """A ``UsageError`` unless ``path`` can be a cdlm model file (or, with ``base_ok``, names a
     pretrained causal LM that exists: ``cdlm.pretrained``; or a world, given a ``process``):

@@ -20,9 +20,15 @@ from hydra._internal.utils import get_args_parser
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 
-from cdlm import config_dir, worlds
+from cdlm import config_dir
 from cdlm.configs import compose_checked, one_line
-from cdlm.validation import UsageError, require, require_model_file, require_output_file
+from cdlm.validation import (
+    UsageError,
+    require,
+    require_model_file,
+    require_output_file,
+    require_world_options,
+)
 
 USAGE_ERROR = 2
 
@@ -111,17 +117,7 @@ def validate_model_and_output(cfg: DictConfig) -> None:
     require_output_file("out", cfg.out, per_job=relative and hydra_args().multirun)
     resolve_device(cfg.device)
     require_model_file(cfg.ckpt, base_ok=True, process=cfg.get("process"))
-    try:
-        if worlds.is_world(cfg.ckpt):
-            worlds.options(cfg.ckpt, cfg.get("world_options"))
-        else:
-            require(
-                not worlds.options_set(cfg.get("world_options")),
-                "world_options apply to ckpt=world:<name> (a model trained on a world records "
-                "its own)",
-            )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    require_world_options(cfg.ckpt, cfg.get("world_options"))
 
 
 def model_options(cfg: DictConfig) -> dict:

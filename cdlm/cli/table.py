@@ -1,13 +1,7 @@
 """``cdlm-table FOLDER [FOLDER ...]``: one table of every ``cdlm-train`` and ``cdlm-eval`` job
-under the folders (a multirun's ``hydra.sweep.dir``, or any folder of runs): a row per job with
-its overrides, metrics, steps, cost and commit (``cdlm.run.table``). Writes ``table.json`` and
-``table.md`` (``--out PREFIX`` to choose; default: inside the first folder) and prints the
-markdown.
-
-    cdlm-train -m hydra/launcher=joblib experiment=sweep_quickstart hydra.sweep.dir=multirun/q
-    cdlm-table multirun/q
-    cdlm-table multirun/q --metrics val/bits_per_token final/bits_per_token
-"""
+under the folders, a row per job with its overrides, metrics, steps, cost and commit
+(``cdlm.run.table``); writes ``table.json`` and ``table.md`` (``--out PREFIX``) and prints the
+markdown. docs/guide/sweeps.md."""
 
 from __future__ import annotations
 
@@ -19,11 +13,7 @@ from cdlm.run.table import collect, write
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="cdlm-table",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="cdlm-table", description=__doc__)
     parser.add_argument("folders", type=Path, nargs="+", help="multirun or run folders")
     parser.add_argument("--out", type=Path, help="PREFIX: writes PREFIX.json and PREFIX.md")
     parser.add_argument("--metrics", nargs="+", help="the metrics the markdown shows (JSON: all)")

@@ -40,7 +40,6 @@ from cdlm.samplers.masked_steps import (
     ended_rows,
     interval_memo,
     intervals,
-    penalise_repeats,
     row_grids,
     steps_of,
     times_at,
@@ -94,6 +93,21 @@ class Windowed:
         else:
             logp = self.cache.block_logits(self.calls, x, a, b, j, t)
         return slice(a, b), Prediction(logits=logp)
+
+
+def penalise_repeats(x: Tensor, logp: Tensor, mask_id: int, penalty: float) -> Tensor:
+    """Lowers by ``penalty`` nats the log-probability of each position's decided left and right
+    neighbour tokens, then renormalises: a guard against the runs of one token (", , ,", "the
+    the") that parallel decoding produces when neighbours are filled from marginals that each
+    favour the same frequent token. x: (B, L) state; logp: (B, L, V)."""
+    if penalty <= 0:
+        return logp
+    pad = torch.full_like(x[:, :1], mask_id)
+    hit = torch.zeros_like(logp, dtype=torch.bool)
+    for neighbour in (torch.cat([pad, x[:, :-1]], 1), torch.cat([x[:, 1:], pad], 1)):
+        hit.scatter_(-1, neighbour[..., None], True)
+    hit[..., mask_id] = False  # an undecided neighbour says nothing
+    return (logp - penalty * hit.to(logp.dtype)).log_softmax(-1)
 
 
 def decode(
