@@ -146,6 +146,14 @@ def figure(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def sweep_command(sweep: Path) -> str:
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``)."""
+    from omegaconf import OmegaConf
+
+    made = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides
+    return "cdlm-train -m " + " ".join(str(o) for o in [*made.task, *made.hydra])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", type=Path, nargs="+", help="the study's sweep folders")
@@ -158,13 +166,12 @@ def main() -> None:
         raise SystemExit(f"learning.py: no finished job logged {EXCESS} under {args.sweeps}")
     multipliers(rows)
     commands = [
-        "cdlm-train -m experiment=learning hydra/launcher=joblib hydra.launcher.n_jobs=2",
-        f"python experiments/learning.py {' '.join(map(str, args.sweeps))}",
+        *map(sweep_command, args.sweeps),
+        "python experiments/learning.py " + " ".join(map(str, args.sweeps)),
     ]
     body = summary(rows) + f"\n![excess against steps]({args.name}.png)\n"
-    path = study.write(
-        args.name, "Learning efficiency in exact worlds", body, {"rows": rows}, commands, found
-    )
+    title = "Learning efficiency in exact worlds"
+    path = study.write(args.name, title, body, {"rows": rows}, commands, found, args.results)
     figure(rows, path.with_suffix(".png"))
     print(path.read_text())
 
