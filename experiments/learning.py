@@ -129,18 +129,16 @@ def figure(rows: list[dict], path: Path) -> None:
 
     worlds = sorted({r["world"] for r in rows})
     fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4), squeeze=False)
+    keys = sorted({(r["process"], r["lever"]) for r in rows})
+    colour = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(keys)}
     for ax, world in zip(axes[0], worlds, strict=True):
         for r in (r for r in rows if r["world"] == world):
             xs, ys = zip(*r["curve"], strict=True)
-            ax.plot(
-                xs, [max(y, 1e-3) for y in ys], label=f"{r['process']} {r['lever']} s{r['seed']}"
-            )
-        ax.set(
-            yscale="log",
-            xlabel="optimizer steps",
-            ylabel="excess over oracle (bits/token)",
-            title=world,
-        )
+            key = (r["process"], r["lever"])
+            ax.plot(xs, [max(y, 1e-3) for y in ys], color=colour[key], ls="-:--"[r["seed"] % 3],
+                    label=f"{r['process']} {r['lever']} s{r['seed']}")  # fmt: skip
+        ax.set(yscale="log", xlabel="optimizer steps", ylabel="excess over oracle (bits/token)")
+        ax.set_title(world)
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
