@@ -47,6 +47,14 @@ def flops_at(flops: list[tuple[int, float]], step: float | None) -> float | None
     return None
 
 
+def learning_rate(row: dict) -> float | None:
+    """The job's optimizer.lr as it ran (its Hydra config), None where the folder lacks it."""
+    from omegaconf import OmegaConf
+
+    config = Path(row["folder"]) / ".hydra" / "config.yaml"
+    return float(OmegaConf.load(config).optimizer.lr) if config.is_file() else None
+
+
 def job(row: dict) -> dict | None:
     """One job's row of the study (the issue's fields), None without an excess curve."""
     curve = study.job_curve(row, EXCESS)
@@ -61,7 +69,7 @@ def job(row: dict) -> dict | None:
         "process": overrides.get("process", "gaussian"),
         "lever": label(overrides),
         "seed": int(overrides.get("seed", 0)),
-        "lr": float(overrides["optimizer.lr"]) if "optimizer.lr" in overrides else None,
+        "lr": learning_rate(row),
         "steps": row["steps"],
         "flops": flops[-1][1] if flops else None,
         "excess_bits": curve[-1][1],
