@@ -43,12 +43,6 @@ RECIPES = {  # recipe (conf/recipe/) -> process; the world's curriculum has its 
 TEACHERS = ("uniform_curriculum", "uniform_curriculum_world")  # DCD distils these, as Duo does
 
 
-def students(run_dir: Path) -> dict[int, Path]:
-    """The DCD round students by step count (``round<k>_<steps>steps.safetensors``)."""
-    found = sorted((run_dir / "rounds").glob("round*_*steps.safetensors"))
-    return {int(p.stem.split("_")[1].removesuffix("steps")): p for p in found}
-
-
 def val_curve(row: dict) -> list[tuple[int, float]]:
     """(step, val bits/token) at every validation of a training job; Lightning logs a
     validation at the step before the one it follows, hence the +1."""
@@ -203,7 +197,7 @@ def specs_of(found: dict) -> tuple[list[dict], list[dict]]:
         common = {"corpus": corpus, "train_steps": row["steps"]}
         common["parallel_runs"] = (row["cost"] or {}).get("parallel_jobs")
         if "teacher" in row["overrides"]:
-            for steps, ckpt in students(folder).items():
+            for steps, ckpt in study.students(folder).items():
                 spec_row = common | {"recipe": "dcd", "role": "student", "process": "uniform"}
                 name = f"{corpus}-dcd{steps}"
                 specs.append({"name": name, "ckpt": str(ckpt), "row": spec_row, "steps": steps})

@@ -65,6 +65,13 @@ def job_curve(row: dict, metric: str) -> list[tuple[int, float]]:
     return logs.curve(logs.rows(Path(row["folder"])), metric)
 
 
+def students(folder: Path) -> dict[int, Path]:
+    """A distillation job's round students by step count (``rounds/round<k>_<steps>steps
+    .safetensors``, the ``module.round_dir`` the study configs set)."""
+    found = sorted((folder / "rounds").glob("round*_*steps.safetensors"))
+    return {int(p.stem.split("_")[1].removesuffix("steps")): p for p in found}
+
+
 def crossing(points: Sequence[tuple[float, float]], level: float) -> float | None:
     """The first x at which a falling curve ``[(x, y), ...]`` reaches ``level``: linear between
     the last point above and the first at or below it; None if it never does."""

@@ -76,10 +76,6 @@ def label_of(row: dict) -> str:
     return label
 
 
-def world_of(row: dict) -> str:
-    return row["overrides"].get("data.world", "world:chars").removeprefix("world:")
-
-
 def austen_bound(folder: Path) -> dict:
     """One Austen run's bound at ``AUSTEN_DRAWS`` draws (seeds 0, 1, ...), cached."""
     path = folder / "bound.json"

@@ -200,6 +200,11 @@ def evaluate_all(specs: list[dict], args: argparse.Namespace) -> list[dict]:
     return study.evaluate_children(script, specs, args.evaluated, args.jobs, options)
 
 
+def world_of(job: dict) -> str:
+    """The world a training job ran on (``data.world``, the study's chars by default)."""
+    return job["overrides"].get("data.world", "world:chars").removeprefix("world:")
+
+
 def specs_of(found: dict, label_of, unsped: set[str] = frozenset()) -> list[dict]:
     """The models to score: every trained one (``label_of`` names a job), and each
     distillation job's teacher and round students; those labelled in ``unsped`` (copies of an
@@ -209,10 +214,7 @@ def specs_of(found: dict, label_of, unsped: set[str] = frozenset()) -> list[dict
         folder, cost = Path(job["folder"]), job["cost"] or {}
         if "teacher" in job["overrides"]:
             continue
-        label, world = (
-            label_of(job),
-            job["overrides"].get("data.world", "world:chars").removeprefix("world:"),
-        )
+        label, world = label_of(job), world_of(job)
         row = {"model": label, "role": "trained", "train_steps": job["steps"],
                "parallel_runs": cost.get("parallel_jobs")}  # fmt: skip
         out.append({"name": f"{world}-{label}", "ckpt": str(folder / "model.safetensors"),
@@ -225,8 +227,7 @@ def specs_of(found: dict, label_of, unsped: set[str] = frozenset()) -> list[dict
         row = {"model": teacher, "role": "teacher", "train_steps": _steps_of(found, ckpt)}
         out.append({"name": f"chars-{teacher}-teacher", "ckpt": ckpt, "row": row,
                     "samplers": table, "student": True})  # fmt: skip
-        for path in sorted((Path(job["folder"]) / "rounds").glob("round*_*steps.safetensors")):
-            steps = int(path.stem.split("_")[1].removesuffix("steps"))
+        for steps, path in study.students(Path(job["folder"])).items():
             row = {"model": f"{teacher} student", "role": "student", "train_steps": job["steps"]}
             out.append({"name": f"chars-{teacher}-student{steps}", "ckpt": str(path), "row": row,
                         "samplers": table, "student": True, "steps": [steps]})  # fmt: skip

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import study
-from worlds_learned_eval import evaluate_all, specs_of
+from worlds_learned_eval import evaluate_all, specs_of, world_of
 
 from cdlm.io import atomic_path
 from cdlm.run import logs
@@ -134,7 +134,7 @@ def report(
     curves = {}
     for job in study.rows(found):
         if "teacher" not in job["overrides"]:
-            world = job["overrides"].get("data.world", "world:chars").removeprefix("world:")
+            world = world_of(job)
             curves[f"{world}/{label_of(job)}"] = curve(Path(job["folder"]), nll[world])
     cross, checks = [], []
     for folder in args.crossover:
