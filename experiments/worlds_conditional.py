@@ -83,17 +83,18 @@ GROUPS = {
     "autoregressive": Group("autoregressive", ("ar",), (64,), stepless=True,
                             continuation_only=True),
     "uniform": Group("uniform", ("duo_ancestral", "duo_psi")),
-    "gaussian": Group("gaussian", ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
-                      extra=(f"process.prompt_view={','.join(VIEWS)}",)),
     # masked ancestral left to right: one token per call whatever the steps
     "masked_l2r": Group("masked", ("ancestral",), (64,), ("sampler.block_length=1",), "_l2r",
                         stepless=True),
     # exact-k at k = 1 (cdlm.samplers.rules.ExactK): 128 steps cover every task's free tokens
     "masked_exact": Group("masked", ("exact_k",), (128,)),
     "block_exact": Group("block", ("exact_k",), (128,)),
-    "block_exact_unshifted": Group("block", ("exact_k",), (128,), UNSHIFTED, "_unshifted"),
+    "block_exact_unshifted": Group("block", ("exact_k",), (128,), UNSHIFTED),  # rows' layout
     "block_speculative": Group("block", ("speculative",), (64,), stepless=True,
                                continuation_only=True),
+    # last: the longest group (150 jobs), unchanged by the exact samplers' rows
+    "gaussian": Group("gaussian", ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
+                      extra=(f"process.prompt_view={','.join(VIEWS)}",)),
 }  # fmt: skip
 # the groups the goal is judged on: exact by construction on an oracle (module docstring)
 EXACT = ("masked_l2r", "masked_exact", "block_exact", "block_exact_unshifted", "autoregressive",
@@ -172,7 +173,7 @@ def finished(group: Path, jobs: int) -> bool:
 
 
 def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
-    """Every world's groups, then its ``task=infill``, one after another; a group whose jobs
+    """Every world's ``task=infill``, then its groups, one after another; a group whose jobs
     all finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -182,7 +183,7 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
              GROUPS[g].jobs(len(files[world])))
             for g in GROUPS
         ]  # fmt: skip
-        runs.append((infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
+        runs.insert(0, (infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
         for cmd, group, jobs in runs:
             if not finished(folder / world / group, jobs):
                 print(" ".join(cmd), flush=True)
