@@ -173,8 +173,8 @@ def finished(group: Path, jobs: int) -> bool:
 
 
 def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
-    """Every world's ``task=infill``, then its groups, one after another; a group whose jobs
-    all finished is skipped."""
+    """Every world's groups and its ``task=infill`` (before the gaussian group, the longest), one
+    after another; a group whose jobs all finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for world in TASKS:
@@ -183,7 +183,8 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
              GROUPS[g].jobs(len(files[world])))
             for g in GROUPS
         ]  # fmt: skip
-        runs.insert(0, (infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
+        infill = (infill_command(folder, world), "task_infill", len(INFILL_PROCESSES))
+        runs.insert(len(runs) - 1, infill)  # before the gaussian group, the longest
         for cmd, group, jobs in runs:
             if not finished(folder / world / group, jobs):
                 print(" ".join(cmd), flush=True)
