@@ -240,13 +240,36 @@ def oracle_rows(found: dict) -> list[dict]:
             row["layout"] = "unshifted" if "process.shift" in o else "shifted, with its tail"
         row["at_floor"] = at_floor(row)
         out.append(row)
+    return ordered(out)
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """Rows by world and task, then process, the exact samplers last, sampler and steps."""
     order = {(w, t): i for i, (w, t) in enumerate((w, t) for w in TASKS for t in TASKS[w])}
     procs = list(dict.fromkeys(g.process for g in GROUPS.values()))
     return sorted(
-        out,
+        rows,
         key=lambda r: (order[(r["world"], r["task"])], procs.index(r["process"]),
                        r["exact_rule"], r["sampler"], r.get("prompt_view", ""), r["steps"] or 0),
     )  # fmt: skip
+
+
+def carried(previous: Path, rows: list[dict], infill: list[dict]) -> tuple[list, list]:
+    """``rows`` and ``infill`` with what they lack of an earlier results JSON of the same
+    settings and seed (``--previous``): a world's gaussian rows, its ``task=infill`` rows (the
+    groups this study's changes leave as they were, and the longest to rerun). Each carried row
+    names that run's commits in ``carried_from``."""
+    old = json.loads(previous.read_text(encoding="utf-8"))
+    mark = {"carried_from": old["commits"]}
+    have = {(r["world"], r["group"]) for r in rows}
+    more = []
+    for r in old["rows"]:
+        if r["process"] == "gaussian" and (r["world"], "gaussian") not in have:
+            r = finite(r | {"group": "gaussian", "exact_rule": False, "supported": True}) | mark
+            more.append(r | {"at_floor": at_floor(r)})
+    worlds = {r["world"] for r in infill}
+    infill = infill + [r | mark for r in old["task_infill"] if r["world"] not in worlds]
+    return ordered(rows + more), infill
 
 
 def infill_rows(found: dict) -> list[dict]:
@@ -274,6 +297,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run", action="store_true", help="run the cdlm-eval jobs first")
     p.add_argument("--num-samples", type=int, default=NUM_SAMPLES)
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
+    p.add_argument("--previous", type=Path, help="an earlier results JSON: see carried()")
     return p.parse_args(argv)
 
 
@@ -283,12 +307,16 @@ def main() -> None:
         cdlm_eval = str(Path(sys.executable).with_name("cdlm-eval"))
         run_all(args.folder, args.num_samples, cdlm_eval)
     found = study.table(args.folder)
-    rows = oracle_rows(found)
+    rows, infill = oracle_rows(found), infill_rows(found)
+    if args.previous:
+        rows, infill = carried(args.previous, rows, infill)
     settings = {"num_samples": args.num_samples, "floor_sets": FLOOR_SETS, "steps": STEPS}
     settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
     report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
-    report["task_infill"] = infill_rows(found)
+    report["task_infill"] = infill
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
+    if args.previous:
+        commands[0] += f" --previous {args.previous}"
     title = "Conditioning scored against a world's exact conditional (issue 50)"
     path = study.write("worlds_conditional", title, doc.markdown(report), report, commands, found,
                        args.results)  # fmt: skip
