@@ -234,7 +234,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweeps", type=Path, nargs="*", help="the study's sweep folders")
     p.add_argument("--evaluated", type=Path, default=Path("multirun/duo_last_step_evaluated"))
-    p.add_argument("--samples", type=int, default=256, help="sequences per sample set")
+    p.add_argument("--samples", type=int, default=64, help="sequences per sample set")
     p.add_argument("--sets", type=int, default=3, help="independent sample sets per row")
     p.add_argument("--bound-sequences", type=int, default=256)
     p.add_argument("--bound-draws", type=int, default=4)
