@@ -259,11 +259,14 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def sweep_command(sweep: Path) -> str:
-    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``)."""
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``), its
+    ``hydra.sweep.dir`` named as this script was given it (a results doc names no machine path)."""
     from omegaconf import OmegaConf
 
     made = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides
-    return "cdlm-train -m " + " ".join(str(o) for o in [*made.task, *made.hydra])
+    words = [str(o) for o in [*made.task, *made.hydra]]
+    words = [f"hydra.sweep.dir={sweep}" if w.startswith("hydra.sweep.dir=/") else w for w in words]
+    return "cdlm-train -m " + " ".join(words)
 
 
 def main() -> None:
