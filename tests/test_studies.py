@@ -202,3 +202,18 @@ def test_ar_reference_is_measured_where_any_job_measured_it_at_ars_fastest_rate(
     assert refs["chars"]["flops_to_eps"]["0.1"]["value"] == pytest.approx(200.0)
     assert rows[-1]["multiplier"]["0.1"] == pytest.approx(5.0)
     assert rows[-1]["flops_multiplier"]["0.1"] == pytest.approx(5.0)
+
+
+def test_a_sweep_command_names_its_folder_as_given_not_the_machine_path(tmp_path, monkeypatch):
+    sweep = tmp_path / "multirun" / "ar_fine"
+    sweep.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [experiment=learning, seed=0]\n"
+        f"    hydra: [hydra.sweep.dir={sweep}, hydra.mode=MULTIRUN]\n"
+    )
+    command = learning.sweep_command(Path("multirun/ar_fine"))  # relative, as the doc names it
+    assert command == (
+        "cdlm-train -m experiment=learning seed=0 hydra.sweep.dir=multirun/ar_fine "
+        "hydra.mode=MULTIRUN"
+    )
