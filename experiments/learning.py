@@ -9,7 +9,11 @@ Every job validates on its world's fixed sequences and logs ``val/excess_bits`` 
 minus the same-process oracle's on the same draws) and ``train/flops`` (the running total);
 this script reads those curves through the study's table (``cdlm-table``'s collector). The
 crossing of ε is interpolated between validations; "not reached" keeps the last value and the
-final slope. A multiplier divides by AR's mean over seeds in the same world.
+final slope. A crossing at a job's first validation is only a bound (it may have come sooner),
+so jobs may validate at different intervals: AR's reference crossing comes from its jobs that
+measured it (``trainer.val_check_interval=10`` over the first steps of the same schedule,
+``trainer.max_steps=150 lr_scheduler.total_steps=600``), at AR's best learning rate. A
+multiplier divides a job's crossing by that reference in the same world.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ EPSILONS = (0.2, 0.1, 0.05)
 EXCESS, SE, FLOPS = "val/excess_bits", "val/excess_se", "train/flops"
 # overrides that name a row rather than a lever
 NAMING = {"process", "seed", "optimizer.lr", "data.world", "data", "resume", "experiment"}
-QUIET = ("hydra", "trainer.enable_progress_bar")  # how a job ran, not what it trained
+# how a job ran or was measured, not what it trained (steps and schedule are columns of their own)
+QUIET = ("hydra", "trainer.enable_progress_bar", "trainer.max_steps", "trainer.val_check_interval",
+         "lr_scheduler.total_steps")  # fmt: skip
 AR = "autoregressive"
 
 
@@ -47,12 +53,16 @@ def flops_at(flops: list[tuple[int, float]], step: float | None) -> float | None
     return None
 
 
-def learning_rate(row: dict) -> float | None:
-    """The job's optimizer.lr as it ran (its Hydra config), None where the folder lacks it."""
+def ran_with(row: dict) -> tuple[float | None, int | None]:
+    """The job's optimizer.lr and its schedule's length in steps, as it ran (its Hydra config);
+    None where the folder lacks it."""
     from omegaconf import OmegaConf
 
     config = Path(row["folder"]) / ".hydra" / "config.yaml"
-    return float(OmegaConf.load(config).optimizer.lr) if config.is_file() else None
+    if not config.is_file():
+        return None, None
+    ran = OmegaConf.load(config)
+    return float(ran.optimizer.lr), int(ran.lr_scheduler.total_steps)
 
 
 def job(row: dict) -> dict | None:
@@ -64,100 +74,199 @@ def job(row: dict) -> dict | None:
     ses = study.job_curve(row, SE)
     overrides = row["overrides"]
     steps_to = {str(e): study.crossing(curve, e) for e in EPSILONS}
+    lr, schedule = ran_with(row)
     return {
         "world": overrides.get("data.world", "world:chars").removeprefix("world:"),
         "process": overrides.get("process", "gaussian"),
         "lever": label(overrides),
         "seed": int(overrides.get("seed", 0)),
-        "lr": learning_rate(row),
+        "lr": lr,
         "steps": row["steps"],
+        "schedule_steps": schedule,
+        "val_every": curve[1][0] - curve[0][0] if len(curve) > 1 else None,
         "flops": flops[-1][1] if flops else None,
         "excess_bits": curve[-1][1],
         "excess_se": ses[-1][1] if ses else None,
         "final_slope_per_100_steps": (s * 100 if (s := study.slope(curve)) is not None else None),
         "steps_to_eps": steps_to,
         "flops_to_eps": {e: flops_at(flops, s) for e, s in steps_to.items()},
+        # below ε at its first validation: the crossing is an upper bound, not a measurement
+        "first_validation_bound": {str(e): curve[0][1] <= e for e in EPSILONS},
         "curve": curve,
         "job": row["folder"],
     }
 
 
-def multipliers(rows: list[dict]) -> None:
-    """Each row's multiplier per ε: its steps (and FLOPs) over AR's mean in its world."""
+def reference(rows: list[dict], world: str, field: str, eps: str) -> dict | None:
+    """AR's crossing of ``eps`` in ``world`` (``field``: steps_to_eps or flops_to_eps): the mean
+    over the seeds of AR's fastest learning rate. Jobs that crossed after their first validation
+    measured it; a crossing at the first validation counts only when no job measured one (then
+    ``bound`` is True: every multiplier over it is a lower bound). A rate at which some AR job
+    never got there gives no reference."""
+    ar = [r for r in rows if r["world"] == world and r["process"] == AR]
+    measured = [r for r in ar if r[field][eps] is not None and not r["first_validation_bound"][eps]]
+    bound = not measured
+    usable = measured or [r for r in ar if r[field][eps] is not None]
+    best = None
+    for lr in {r["lr"] for r in usable}:
+        if any(r[field][eps] is None for r in ar if r["lr"] == lr):
+            continue
+        at = [r[field][eps] for r in usable if r["lr"] == lr]
+        if best is None or statistics.mean(at) < best["value"]:
+            best = {"value": statistics.mean(at), "lr": lr, "seeds": len(at), "bound": bound}
+    return best
+
+
+def multipliers(rows: list[dict]) -> dict:
+    """Each row's multiplier per ε: its steps (and FLOPs) over AR's reference in its world;
+    returns the references, by world, field and ε."""
+    refs = {}
     for key, field in (("multiplier", "steps_to_eps"), ("flops_multiplier", "flops_to_eps")):
+        for world in {r["world"] for r in rows}:
+            refs.setdefault(world, {})[field] = {
+                str(e): reference(rows, world, field, str(e)) for e in EPSILONS
+            }
         for row in rows:
-            ar = [r[field] for r in rows if r["world"] == row["world"] and r["process"] == AR]
             row[key] = {}
             for e in map(str, EPSILONS):
-                reached = [a[e] for a in ar if a[e] is not None]
-                mine = row[field][e]
-                ok = reached and mine is not None and len(reached) == len(ar)
-                row[key][e] = mine / statistics.mean(reached) if ok else None
+                ref, mine = refs[row["world"]][field][e], row[field][e]
+                row[key][e] = mine / ref["value"] if ref and mine is not None else None
+    return refs
+
+
+def spread(values: list, bounds: list[bool] | None = None) -> str:
+    """Median [min, max] over seeds; "≤" where a crossing came at the first validation."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "not reached"
+    text = f"{statistics.median(got):.3g}"
+    if len(got) > 1:
+        text += f" [{min(got):.3g}, {max(got):.3g}]"
+    if bounds and all(bounds):
+        text = "≤ " + text
+    return text + (f" ({len(values) - len(got)} not reached)" if len(got) < len(values) else "")
+
+
+def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows by what they trained: world, process, lever, learning rate, steps of which schedule."""
+    found: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["world"], r["process"], r["lever"], r["lr"], r["steps"], r["schedule_steps"])
+        found.setdefault(key, []).append(r)
+    return dict(sorted(found.items(), key=lambda kv: tuple(map(str, kv[0]))))
 
 
 def summary(rows: list[dict]) -> str:
-    """One line per (world, process, lever): median and range over seeds."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["world"], r["process"], r["lever"]), []).append(r)
+    """One line per group: median and range over seeds."""
     cells = []
-    for (world, process, lever), found in sorted(groups.items()):
-
-        def spread(values: list) -> str:
-            got = [v for v in values if v is not None]
-            if not got:
-                return "not reached"
-            text = f"{statistics.median(got):.3g}"
-            if len(got) > 1:
-                text += f" [{min(got):.3g}, {max(got):.3g}]"
-            return text + (
-                f" ({len(values) - len(got)} not reached)" if len(got) < len(values) else ""
-            )
-
+    for (world, process, lever, lr, steps, schedule), found in groups(rows).items():
+        every = {r["val_every"] for r in found}
         cells.append([
-            world, process, lever, len(found), statistics.median(r["steps"] for r in found),
+            world, process, lever, f"{lr:g}" if lr else None, len(found),
+            f"{steps} of {schedule}, val every {'/'.join(map(str, sorted(every)))}",
             spread([r["excess_bits"] for r in found]), spread([r["excess_se"] for r in found]),
             spread([r["final_slope_per_100_steps"] for r in found]),
-            *(spread([r["steps_to_eps"][str(e)] for r in found]) for e in EPSILONS),
+            *(spread([r["steps_to_eps"][str(e)] for r in found],
+                     [r["first_validation_bound"][str(e)] for r in found]) for e in EPSILONS),
             *(spread([r["multiplier"][str(e)] for r in found]) for e in EPSILONS),
             spread([r["flops_multiplier"]["0.1"] for r in found]),
         ])  # fmt: skip
-    columns = ["world", "process", "lever", "seeds", "steps", "final excess (bits)", "its SE",
-               "slope /100 steps", *(f"steps to ε={e}" for e in EPSILONS),
+    columns = ["world", "process", "lever", "lr", "seeds", "steps", "final excess (bits)",
+               "its SE", "slope /100 steps", *(f"steps to ε={e}" for e in EPSILONS),
                *(f"× AR, ε={e}" for e in EPSILONS), "× AR FLOPs, ε=0.1"]  # fmt: skip
     return study.markdown_table(columns, cells)
 
 
+def references(refs: dict) -> str:
+    """What every multiplier divides by: AR's crossing per world and ε."""
+    lines = []
+    for world, fields in sorted(refs.items()):
+        for e, ref in fields["steps_to_eps"].items():
+            if ref is None:
+                lines.append(f"- {world}, ε={e}: AR never got there; no multiplier")
+                continue
+            flops = fields["flops_to_eps"][e]
+            lines.append(
+                f"- {world}, ε={e}: AR at {'≤ ' if ref['bound'] else ''}{ref['value']:.3g} steps"
+                + (f", {flops['value']:.3g} FLOPs" if flops else "")
+                + f" (lr {ref['lr']:g}, mean of {ref['seeds']} seed(s))"
+                + (
+                    "; crossed by its first validation, so the multipliers are lower bounds"
+                    if ref["bound"]
+                    else ""
+                )  # fmt: skip
+            )
+    return "AR's crossings, the multipliers' denominator:\n\n" + "\n".join(lines) + "\n"
+
+
+def best_rates(rows: list[dict]) -> str:
+    """Each process and lever at its best learning rate (RePlaid's protocol): among one seed's
+    jobs of equal steps that tried more than one rate, the lowest final excess."""
+    trials: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["seed"] == min(x["seed"] for x in rows):
+            trials.setdefault((r["world"], r["process"], r["lever"], r["steps"]), []).append(r)
+    cells = []
+    for (world, process, lever, steps), found in sorted(trials.items()):
+        if len({r["lr"] for r in found}) < 2:
+            continue
+        best = min(found, key=lambda r: r["excess_bits"])
+        tried = ", ".join(
+            f"{r['lr']:g}: {r['excess_bits']:.3g}" for r in sorted(found, key=lambda r: r["lr"])
+        )
+        cells.append([world, process, lever, steps, tried, f"{best['lr']:g}",
+                      best["steps_to_eps"]["0.1"], best["multiplier"]["0.1"],
+                      best["flops_multiplier"]["0.1"]])  # fmt: skip
+    if not cells:
+        return ""
+    columns = ["world", "process", "lever", "steps", "final excess by lr (one seed)", "best lr",
+               "steps to ε=0.1", "× AR, ε=0.1", "× AR FLOPs, ε=0.1"]  # fmt: skip
+    return "Each process at its best learning rate:\n\n" + study.markdown_table(columns, cells)
+
+
 def figure(rows: list[dict], path: Path) -> None:
-    """Excess against steps, a panel per world."""
+    """Excess against steps (top) and training FLOPs (bottom), a column per world."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     worlds = sorted({r["world"] for r in rows})
-    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4), squeeze=False)
-    keys = sorted({(r["process"], r["lever"]) for r in rows})
-    colour = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(keys)}
-    for ax, world in zip(axes[0], worlds, strict=True):
+    fig, axes = plt.subplots(2, len(worlds), figsize=(7 * len(worlds), 9), squeeze=False)
+    keys = sorted({(r["process"], r["lever"], r["lr"]) for r in rows}, key=str)
+    cmap = plt.get_cmap("tab20")
+    colour = {k: cmap(i % 20) for i, k in enumerate(keys)}
+    for column, world in enumerate(worlds):
         for r in (r for r in rows if r["world"] == world):
+            key = (r["process"], r["lever"], r["lr"])
+            flops = dict(study.job_curve({"folder": r["job"]}, FLOPS)) if r["flops"] else {}
             xs, ys = zip(*r["curve"], strict=True)
-            key = (r["process"], r["lever"])
-            ax.plot(xs, [max(y, 1e-3) for y in ys], color=colour[key], ls="-:--"[r["seed"] % 3],
-                    label=f"{r['process']} {r['lever']} s{r['seed']}")  # fmt: skip
-        ax.set(yscale="log", xlabel="optimizer steps", ylabel="excess over oracle (bits/token)")
-        ax.set_title(world)
-        ax.legend(fontsize=6)
+            ys = [max(y, 1e-3) for y in ys]
+            style = {"color": colour[key], "ls": "-:--"[r["seed"] % 3], "lw": 1}
+            axes[0][column].plot(xs, ys, label=f"{r['process']} {r['lever']} lr {r['lr']:g} "
+                                 f"s{r['seed']}", **style)  # fmt: skip
+            at = [(flops[x], y) for x, y in zip(xs, ys, strict=True) if x in flops]
+            if at:
+                axes[1][column].plot(*zip(*at, strict=True), **style)
+        for row, xlabel in enumerate(("optimizer steps", "training FLOPs")):
+            ax = axes[row][column]
+            ax.set(yscale="log", xlabel=xlabel, ylabel="excess over oracle (bits/token)")
+            ax.set_xscale("log" if row else "linear")
+            ax.set_title(world)
+        axes[0][column].legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def sweep_command(sweep: Path) -> str:
-    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``)."""
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``), its
+    ``hydra.sweep.dir`` named as this script was given it (a results doc names no machine path)."""
     from omegaconf import OmegaConf
 
     made = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides
-    return "cdlm-train -m " + " ".join(str(o) for o in [*made.task, *made.hydra])
+    words = [str(o) for o in [*made.task, *made.hydra]]
+    words = [f"hydra.sweep.dir={sweep}" if w.startswith("hydra.sweep.dir=/") else w for w in words]
+    return "cdlm-train -m " + " ".join(words)
 
 
 def main() -> None:
@@ -170,14 +279,23 @@ def main() -> None:
     rows = [got for row in study.rows(found) if (got := job(row)) is not None]
     if not rows:
         raise SystemExit(f"learning.py: no finished job logged {EXCESS} under {args.sweeps}")
-    multipliers(rows)
+    refs = multipliers(rows)
     commands = [
         *map(sweep_command, args.sweeps),
         "python experiments/learning.py " + " ".join(map(str, args.sweeps)),
     ]
-    body = summary(rows) + f"\n![excess against steps]({args.name}.png)\n"
+    body = "\n".join(
+        [
+            summary(rows),
+            references(refs),
+            best_rates(rows),
+            f"![excess against steps and FLOPs]({args.name}.png)\n",
+        ]
+    )
     title = "Learning efficiency in exact worlds"
-    path = study.write(args.name, title, body, {"rows": rows}, commands, found, args.results)
+    path = study.write(
+        args.name, title, body, {"ar_reference": refs, "rows": rows}, commands, found, args.results
+    )
     figure(rows, path.with_suffix(".png"))
     print(path.read_text())
 

@@ -119,8 +119,9 @@ def test_flops_at_a_fractional_step_and_the_multiplier_over_ar():
 
     def row(process, steps, flops):
         eps = {str(e): steps for e in learning.EPSILONS}
-        return {"world": "chars", "process": process, "steps_to_eps": eps,
-                "flops_to_eps": {e: flops for e in eps}}  # fmt: skip
+        return {"world": "chars", "process": process, "lr": 1e-3, "steps_to_eps": eps,
+                "flops_to_eps": {e: flops for e in eps},
+                "first_validation_bound": {e: False for e in eps}}  # fmt: skip
 
     rows = [
         row("autoregressive", 100, 1e9),
@@ -178,3 +179,41 @@ def test_the_conditional_tables_grid_and_its_floor_rule(tmp_path):
     row = {"kl_rate": 0.30, "kl_floor": 0.25, "kl_floor_se": 0.01}  # one set's s.d.: 0.028
     assert conditional.at_floor(row)  # 0.05 above: within 2 s.d. (0.057)
     assert not conditional.at_floor(row | {"kl_rate": 0.31})
+
+
+def test_ar_reference_is_measured_where_any_job_measured_it_at_ars_fastest_rate():
+    def ar(lr, steps, bound=False, process="autoregressive"):
+        flops = None if steps is None else steps * 10.0
+        return {"world": "chars", "process": process, "lr": lr,
+                "steps_to_eps": {str(e): steps for e in learning.EPSILONS},
+                "flops_to_eps": {str(e): flops for e in learning.EPSILONS},
+                "first_validation_bound": {str(e): bound for e in learning.EPSILONS}}  # fmt: skip
+
+    coarse = [ar(1e-3, 49, bound=True), ar(1e-3, 49, bound=True)]  # crossed by step 49
+    ref = learning.reference(coarse, "chars", "steps_to_eps", "0.1")
+    assert ref == {"value": 49, "lr": 1e-3, "seeds": 2, "bound": True}  # only a bound
+    fine = [ar(1e-3, 20), ar(1e-3, 30), ar(3e-3, 18), ar(3e-3, 22), ar(3e-4, 10), ar(3e-4, None)]
+    ref = learning.reference(coarse + fine, "chars", "steps_to_eps", "0.1")
+    # the bounds give way to the measurements; 3e-3 (mean 20) beats 1e-3 (25); 3e-4 has a seed
+    # that never got there, so its one fast seed is no reference
+    assert ref == {"value": 20, "lr": 3e-3, "seeds": 2, "bound": False}
+    rows = [*coarse, *fine, ar(1e-3, 100, process="masked")]
+    refs = learning.multipliers(rows)
+    assert refs["chars"]["flops_to_eps"]["0.1"]["value"] == pytest.approx(200.0)
+    assert rows[-1]["multiplier"]["0.1"] == pytest.approx(5.0)
+    assert rows[-1]["flops_multiplier"]["0.1"] == pytest.approx(5.0)
+
+
+def test_a_sweep_command_names_its_folder_as_given_not_the_machine_path(tmp_path, monkeypatch):
+    sweep = tmp_path / "multirun" / "ar_fine"
+    sweep.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: [experiment=learning, seed=0]\n"
+        f"    hydra: [hydra.sweep.dir={sweep}, hydra.mode=MULTIRUN]\n"
+    )
+    command = learning.sweep_command(Path("multirun/ar_fine"))  # relative, as the doc names it
+    assert command == (
+        "cdlm-train -m experiment=learning seed=0 hydra.sweep.dir=multirun/ar_fine "
+        "hydra.mode=MULTIRUN"
+    )
