@@ -29,6 +29,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,32 +269,48 @@ def markdown(rows: list[dict], found_goals: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="experiment=decoding sweep folders")
+    parser.add_argument("folders", nargs="*", type=Path, help="experiment=decoding sweep folders")
     parser.add_argument("--out", type=Path, default=study.RESULTS / "decoding")
     parser.add_argument("--samples", type=int, default=128, help="canvases scored per decoder")
     parser.add_argument("--oracle-samples", type=int, default=32, help="per oracle decoder")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per decoder and batch")
     parser.add_argument("--groups", type=int, default=32, help="jackknife groups of the KL's SE")
     parser.add_argument("--overhead", type=Path, default=study.RESULTS / "decode_overhead.json")
+    parser.add_argument("--evaluated", type=Path, default=None,
+                        help="each world's rows, kept (default: <first folder>/evaluated)")  # fmt: skip
+    parser.add_argument("--evaluate-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.evaluate_one:  # a child of study.evaluate_children: one world's rows
+        spec = json.loads(args.evaluate_one)
+        start = os.getloadavg()[0]
+        rows = world_rows(spec["world"], spec["ckpts"], args)
+        load = {"load_average_start": start, "load_average_end": os.getloadavg()[0]}
+        args.out.write_text(json.dumps([r | load for r in rows], indent=1))
+        return
     found = study.table(*args.folders)
     ckpts: dict[str, dict[str, str]] = {}
     for r in study.rows(found):
         world = r["overrides"]["data.world"].replace("\\", "")
         ckpts.setdefault(world, {})[r["overrides"]["process"]] = f"{r['folder']}/model.safetensors"
-    rows = []
-    for world, by_process in ckpts.items():
-        rows += world_rows(world, by_process, args)
+    specs = [{"name": w.replace(":", "_"), "world": w, "ckpts": c} for w, c in ckpts.items()]
+    options = [f"--{k}={getattr(args, k.replace('-', '_'))}"
+               for k in ("samples", "oracle-samples", "repeats", "groups")]  # fmt: skip
+    evaluated = args.evaluated or args.folders[0] / "evaluated"
+    rows = study.evaluate_children(Path(__file__), specs, evaluated, 1, options)
     found_goals = goals(rows)
-    load = os.getloadavg()
+    loads = {r["world"]: (r["load_average_start"], r["load_average_end"]) for r in rows}
+    said = ", ".join(f"{w} {a:.1f} → {b:.1f}" for w, (a, b) in loads.items())
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=study.ROOT,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     body = (
-        f"Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 "
-        "min) on 2 cores shared with other engineers' jobs; one thread. Tokens/s moves with "
-        "that load: compare the paired × AR ratios, not absolute figures across runs.\n\n"
+        f"Measured by experiments/decoding.py at `{head}`. "
+        f"Load average (1 min) at the start and end of each world's measurement: {said}, on 2 "
+        "cores shared with other engineers' jobs; one thread. Tokens/s moves with that load: "
+        "compare the paired × AR ratios, not absolute figures across runs.\n\n"
         + markdown(rows, found_goals)
     )
-    payload = {"rows": rows, "goals": found_goals, "load_average_at_end": load,
+    payload = {"rows": rows, "goals": found_goals,
                "samples": args.samples, "repeats": args.repeats,
                "decode_overhead": overhead_rows(args.overhead)}  # fmt: skip
     command = f"python experiments/decoding.py {' '.join(map(str, args.folders))}"
