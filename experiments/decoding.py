@@ -143,46 +143,57 @@ def timings(models: dict, length: int, repeats: int) -> dict:
     return out
 
 
-def world_rows(world_name: str, ckpts: dict[str, str], args) -> list[dict]:
-    """Every row of one world: the learned models and their oracles."""
+def row_base(world, who: str, process: str, d: Decoder, n: int, args, model) -> dict:
+    scored = quality(model, d, world, n, args.groups) | {"samples": n}
+    print(f"{world.name} {who} {process} {d.label}: {scored}", flush=True)
+    return {"world": world.name, "process": process, "model": who, "sampler": d.label,
+            "steps": d.steps(world.length)} | scored  # fmt: skip
+
+
+def learned_rows(ckpts: dict[str, str], args) -> list[dict]:
+    """One world's learned AR and block models: timings (interleaved) and scored samples."""
     from cdlm import worlds
     from cdlm.model_file import load_model
-    from cdlm.world_model import oracle_model
 
     learned = {p: load_model(ckpts[p]) for p in (AR, "block")}
     world = worlds.recorded(learned[AR].config)
-    oracles = {"block": oracle_model(world, learned["block"].config["process"])}
     length = world.length
     timed = timings(learned, length, args.repeats)
     ar_seconds = timed[(AR, "ar", 1)]["seconds"], timed[(AR, "ar", 16)]["seconds"]
     rows = []
-    for who, models in (("learned", learned), ("oracle", oracles)):
-        for p, model in models.items():
-            for d in DECODERS[p]:
-                if who == "oracle" and d.label not in ORACLE:
-                    continue
-                n = args.samples if who == "learned" else args.oracle_samples
-                scored = quality(model, d, world, n, args.groups) | {"samples": n}
-                print(f"{world.name} {who} {p} {d.label}: {scored}", flush=True)
-                base = {"world": world.name, "process": p, "model": who, "sampler": d.label,
-                        "steps": d.steps(length)} | scored  # fmt: skip
-                for i, b in enumerate(BATCHES if who == "learned" else BATCHES[:1]):
-                    row = base | {"batch": b, "tokens_per_s_median": None, "tokens_per_call": None}
-                    if who == "learned":
-                        t = timed[(p, d.label, b)]
-                        rate = spread([b * length / s for s in t["seconds"]])
-                        ratio = [a / s for a, s in zip(ar_seconds[i], t["seconds"], strict=True)]
-                        row |= {"tokens_per_s": rate, "tokens_per_s_median": rate["median"],
-                                "tokens_per_call": statistics.mean(t["per_call"]),
-                                "speed_over_ar": spread(ratio)}  # fmt: skip
-                    rows.append(row)
-    ceiling = [run_once(oracles["block"], DECODERS["block"][-1], length, 1, s)[1]
+    for p, model in learned.items():
+        for d in DECODERS[p]:
+            base = row_base(world, "learned", p, d, args.samples, args, model)
+            for i, b in enumerate(BATCHES):
+                t = timed[(p, d.label, b)]
+                rate = spread([b * length / s for s in t["seconds"]])
+                ratio = [a / s for a, s in zip(ar_seconds[i], t["seconds"], strict=True)]
+                rows.append(base | {"batch": b, "tokens_per_s": rate,
+                                    "tokens_per_s_median": rate["median"],
+                                    "tokens_per_call": statistics.mean(t["per_call"]),
+                                    "speed_over_ar": spread(ratio)})  # fmt: skip
+    return rows
+
+
+def oracle_rows(world_name: str, args) -> list[dict]:
+    """The block oracle of ``cdlm-sample ckpt=<world> process=block`` (the learned model's
+    layout: the configs' defaults): the ``ORACLE`` decoders' scored samples at batch 1 and the
+    drafter's ceiling, speculative tokens per call at batch 1 over seeds 0..repeats. No speed:
+    an oracle's call is the world's posterior, not a network."""
+    from cdlm import worlds
+    from cdlm.configs import compose
+    from cdlm.world_model import oracle_model
+
+    world = worlds.load(world_name)
+    process = compose("sample", ["process=block", f"ckpt={world_name}"]).process
+    oracle = oracle_model(world, process)
+    none = {"batch": 1, "tokens_per_s_median": None, "tokens_per_call": None}
+    rows = [row_base(world, "oracle", "block", d, args.oracle_samples, args, oracle) | none
+            for d in DECODERS["block"] if d.label in ORACLE]  # fmt: skip
+    ceiling = [run_once(oracle, DECODERS["block"][-1], world.length, 1, s)[1]
                for s in range(args.repeats + 1)]  # fmt: skip
-    for row in rows:
-        if row["model"] == "oracle" and row["sampler"] == "speculative" and row["batch"] == 1:
-            row |= {"tokens_per_call": statistics.mean(ceiling), "drafter_ceiling": True,
-                    "tokens_per_call_se": statistics.stdev(ceiling) / len(ceiling) ** 0.5}  # fmt: skip
-    mark_band(rows)
+    rows[-1] |= {"tokens_per_call": statistics.mean(ceiling), "drafter_ceiling": True,
+                 "tokens_per_call_se": statistics.stdev(ceiling) / len(ceiling) ** 0.5}  # fmt: skip
     return rows
 
 
@@ -281,10 +292,13 @@ def main() -> None:
     parser.add_argument("--evaluate-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.evaluate_one:  # a child of study.evaluate_children: one world's rows
+    if args.evaluate_one:  # a child of study.evaluate_children: one world's learned or oracle rows
         spec = json.loads(args.evaluate_one)
         start = os.getloadavg()[0]
-        rows = world_rows(spec["world"], spec["ckpts"], args)
+        if spec["kind"] == "oracle":
+            rows = oracle_rows(spec["world"], args)
+        else:
+            rows = learned_rows(spec["ckpts"], args)
         load = {"load_average_start": start, "load_average_end": os.getloadavg()[0]}
         args.out.write_text(json.dumps([r | load for r in rows], indent=1))
         return
@@ -293,19 +307,23 @@ def main() -> None:
     for r in study.rows(found):
         world = r["overrides"]["data.world"].replace("\\", "")
         ckpts.setdefault(world, {})[r["overrides"]["process"]] = f"{r['folder']}/model.safetensors"
-    specs = [{"name": w.replace(":", "_"), "world": w, "ckpts": c} for w, c in ckpts.items()]
+    specs = [{"name": f"{w.replace(':', '_')}_{kind}", "world": w, "kind": kind, "ckpts": c}
+             for w, c in ckpts.items() for kind in ("oracle", "learned")]  # fmt: skip
     options = [f"--{k}={getattr(args, k.replace('-', '_'))}"
                for k in ("samples", "oracle-samples", "repeats", "groups")]  # fmt: skip
     evaluated = args.evaluated or args.folders[0] / "evaluated"
     rows = study.evaluate_children(Path(__file__), specs, evaluated, 1, options)
+    for w in dict.fromkeys(r["world"] for r in rows):
+        mark_band([r for r in rows if r["world"] == w])
     found_goals = goals(rows)
-    loads = {r["world"]: (r["load_average_start"], r["load_average_end"]) for r in rows}
-    said = ", ".join(f"{w} {a:.1f} → {b:.1f}" for w, (a, b) in loads.items())
+    loads = {(r["world"], r["model"]): (r["load_average_start"], r["load_average_end"])
+             for r in rows}  # fmt: skip
+    said = ", ".join(f"{w} {m} {a:.1f} → {b:.1f}" for (w, m), (a, b) in loads.items())
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=study.ROOT,
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     body = (
         f"Measured by experiments/decoding.py at `{head}`. "
-        f"Load average (1 min) at the start and end of each world's measurement: {said}, on 2 "
+        f"Load average (1 min) at the start and end of each world's learned and oracle rows: {said}, on 2 "
         "cores shared with other engineers' jobs; one thread. Tokens/s moves with that load: "
         "compare the paired × AR ratios, not absolute figures across runs.\n\n"
         + markdown(rows, found_goals)
