@@ -7,9 +7,11 @@ import ast
 import itertools
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import experiment_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -23,6 +25,7 @@ SHARED = {"study"}  # what every study may import besides the library
 STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
     "learning", "duo", "duo_chars", "duo_last_step", "conditional_plan", "conditional_austen", "worlds_learned",
     "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
+    "decoding",
 ]  # fmt: skip
 README = EXPERIMENTS / "README.md"
 
@@ -217,3 +220,40 @@ def test_a_sweep_command_names_its_folder_as_given_not_the_machine_path(tmp_path
         "cdlm-train -m experiment=learning seed=0 hydra.sweep.dir=multirun/ar_fine "
         "hydra.mode=MULTIRUN"
     )
+
+
+def test_the_decoding_studys_kl_se_matches_the_spread_over_independent_sample_sets():
+    from cdlm import worlds
+
+    decoding = experiment_module("decoding")
+    world = worlds.load("world:chars", length=32)
+    g = torch.Generator().manual_seed(0)
+    sets = [world.sample(64, 32, generator=g) for _ in range(24)]
+    spread = statistics.stdev(decoding.kl_with_se(world, s, 2)["kl_rate"] for s in sets)
+    se = decoding.kl_with_se(world, sets[0], 32)["kl_rate_se"]
+    assert spread / 2 < se < spread * 2, (se, spread)
+
+
+def test_the_decoding_studys_band_and_goals_by_hand():
+    decoding = experiment_module("decoding")
+
+    def row(model, process, sampler, kl, speed, per_call, samples=128):
+        return {"world": "w", "model": model, "process": process, "sampler": sampler,
+                "batch": 1, "kl_rate": kl, "kl_rate_se": 0.01, "samples": samples,
+                "speed_over_ar": {"median": speed}, "tokens_per_call": per_call}  # fmt: skip
+
+    rows = [
+        row("learned", "autoregressive", "ar", 0.10, 1.0, 1.0),
+        row("learned", "block", "speculative", 0.115, 1.5, 1.2),  # inside: 0.115 <= 0.12
+        row("learned", "block", "fast", 0.125, 3.0, 4.0),  # above the band's top
+        row("oracle", "block", "speculative", 0.05, None, 1.6, samples=32),
+    ]
+    decoding.mark_band(rows)
+    assert [r["within_ar_band"] for r in rows] == [True, True, False, None]
+    (goal,) = decoding.goals(rows)
+    assert goal["best_within_band"] == "speculative" and not goal["speed_goal_met"]
+    assert goal["fastest"] == "fast" and goal["share_of_ceiling"] == pytest.approx(0.75)
+    assert not goal["ceiling_goal_met"]
+    rows[2]["kl_rate"] = 0.11
+    decoding.mark_band(rows)
+    assert decoding.goals(rows)[0]["speed_goal_met"]
