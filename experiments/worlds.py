@@ -352,7 +352,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")
     parser.add_argument("--render", action="store_true", help="redraw OUT.md from OUT.json")
     parser.add_argument("--only", help="rerun only the rows whose label contains ONLY, merged "
-                        "into OUT.json (the rows of those labels replaced)")  # fmt: skip
+                        "into OUT.json (those labels' rows at the rerun step counts replaced)")  # fmt: skip
     parser.add_argument("--world", help="one world and length, e.g. world:chars@128")
     parser.add_argument("--steps", type=int, nargs="*", help="only these step counts")
     args = parser.parse_args()
