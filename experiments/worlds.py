@@ -288,7 +288,8 @@ def render(result: dict) -> str:
         f"{result['cpu_minutes']:.1f} CPU minutes, in {result['parallel_runs']} processes of one "
         "thread each.",
         *(
-            f"The rows labelled '{x['only']}' rerun alone (`--only {x['only']}`): "
+            f"The rows labelled '{x['only']}' rerun alone (`--only {x['only']!r}"
+            f"{' ' + x['where'] if x.get('where') else ''}`): "
             f"{x['wall_minutes']:.1f} minutes of wall clock, {x['cpu_minutes']:.1f} CPU minutes."
             for x in result.get("reruns", [])
         ),
@@ -329,13 +330,18 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def merged(result: dict, rows: list[dict], run: dict, only: str) -> dict:
-    """``result`` with ``rows`` in place of its rows of the same world and label, and the rerun
-    recorded under ``reruns``."""
-    redone = {(r["world"], r["length"], r["sampler"]) for r in rows}
-    kept = [r for r in result["rows"] if (r["world"], r["length"], r["sampler"]) not in redone]
-    reruns = [x for x in result.get("reruns", []) if x["only"] != only]
-    return result | {"rows": kept + rows, "reruns": [*reruns, {"only": only} | run]}
+def row_key(r: dict) -> tuple:
+    return (r["world"], r["length"], r["sampler"], r["steps"])
+
+
+def merged(result: dict, rows: list[dict], run: dict, only: str, where: str | None) -> dict:
+    """``result`` with ``rows`` in place of its rows of the same world, label and step count
+    (so ``--steps`` keeps the other counts), and the rerun recorded under ``reruns``."""
+    redone = {row_key(r) for r in rows}
+    kept = [r for r in result["rows"] if row_key(r) not in redone]
+    rerun = {"only": only, "where": where}
+    reruns = [x for x in result.get("reruns", []) if (x["only"], x.get("where")) != (only, where)]
+    return result | {"rows": kept + rows, "reruns": [*reruns, rerun | run]}
 
 
 def main() -> None:
@@ -346,7 +352,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two step counts, for a smoke run")
     parser.add_argument("--render", action="store_true", help="redraw OUT.md from OUT.json")
     parser.add_argument("--only", help="rerun only the rows whose label contains ONLY, merged "
-                        "into OUT.json (the rows of those labels replaced)")  # fmt: skip
+                        "into OUT.json (those labels' rows at the rerun step counts replaced)")  # fmt: skip
     parser.add_argument("--world", help="one world and length, e.g. world:chars@128")
     parser.add_argument("--steps", type=int, nargs="*", help="only these step counts")
     args = parser.parse_args()
@@ -370,7 +376,13 @@ def main() -> None:
         }
         rows = [r for p in parts for r in p["rows"]]
         if args.only:
-            result = merged(json.loads(out.with_suffix(".json").read_text()), rows, run, args.only)
+            where = " ".join(
+                f"--{k} {v}"
+                for k, v in (("world", args.world), ("steps", " ".join(map(str, args.steps or []))))
+                if v
+            )
+            old = json.loads(out.with_suffix(".json").read_text())
+            result = merged(old, rows, run, args.only, where or None)
         else:
             result = {"worlds": {p["key"]: p["facts"] for p in parts}, "rows": rows} | run
         atomic_write_text(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")

@@ -36,6 +36,8 @@ from pathlib import Path
 import study
 import worlds_conditional_doc as doc
 
+from cdlm.evaluation.world_score import finite_row
+
 STEPS = (16, 64, 128)
 NUM_SAMPLES = 64
 FLOOR_SETS = 8  # exact conditional sets the floor averages (score_conditional's floor_repeats)
@@ -200,19 +202,12 @@ def at_floor(row: dict) -> bool:
     return row["kl_rate"] <= row["kl_floor"] + 2 * spread
 
 
-def finite(row: dict) -> dict:
-    """``row`` with each infinite or NaN number as None, named in ``infinite`` (JSON has no
-    Infinity): e.g. a KL rate where samples fall where the conditional puts no mass."""
-    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
-    return row | dict.fromkeys(bad) | {"infinite": bad}
-
-
 def oracle_rows(found: dict) -> list[dict]:
     """One row per finished job of the table (its report's one prompts line)."""
     out = []
     for job in study.rows(found):
         o, m = job["overrides"], job["metrics"]
-        if "rows/0/kl_rate" not in m:  # a task=infill job: infill_rows
+        if "rows/0/kl_floor" not in m:  # a task=infill job: infill_rows
             continue
         name = Path(job["folder"]).parent.name
         group, task = GROUPS[name], Path(o["prompts"]).stem.split("_", 1)[1]
@@ -233,7 +228,8 @@ def oracle_rows(found: dict) -> list[dict]:
         }
         keys = ("kl_rate", "kl_floor", "kl_floor_se", "violation_rate", "nll_cond", "nll_cond_se",
                 "entropy_cond", "tv_rate")  # fmt: skip
-        row = finite(row | {k: m[f"rows/0/{k}"] for k in keys})
+        # a figure the report wrote as null (infinite: finite_row) is not among the metrics
+        row = finite_row(row | {k: m.get(f"rows/0/{k}", math.inf) for k in keys})
         if group.process == "gaussian":
             row["prompt_view"] = o["process.prompt_view"]
         if group.process == "block":
@@ -269,7 +265,7 @@ def carried(previous: Path, rows: list[dict], infill: list[dict]) -> tuple[list,
     more = []
     for r in old["rows"]:
         if r["process"] == "gaussian" and key(r) not in have:
-            r = finite(r | {"group": "gaussian", "exact_rule": False, "supported": True}) | mark
+            r = finite_row(r | {"group": "gaussian", "exact_rule": False, "supported": True}) | mark
             more.append(r | {"at_floor": at_floor(r)})
     worlds = {r["world"] for r in infill}
     infill = infill + [r | mark for r in old["task_infill"] if r["world"] not in worlds]

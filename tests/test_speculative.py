@@ -2,6 +2,8 @@
 sampling follows its AR distribution (an exact computation on a tiny vocabulary)."""
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from cdlm.processes.block import BlockProcess
 from cdlm.samplers.speculative import accept, leading, sample_speculative
 
 L = 10
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def block_model(size: int, vocab: int = V, mask: int = MASK):
@@ -138,8 +141,12 @@ def test_speculative_refuses_what_it_cannot_do():
     process, den = block_model(2)
     canvas = torch.full((1, L), MASK)
     canvas[0, 5] = 4  # a fixed token after the gap: infilling
-    with pytest.raises(ValueError, match="left to right"):
+    with pytest.raises(ValueError, match="left to right") as refused:
         sample_speculative(den, canvas, torch.linspace(1, 0, 2), process=process)
+    # the advice names samplers that exist and see later text (not block: it warns it cannot)
+    advised = re.findall(r"sampler=(\w+)", str(refused.value))
+    assert advised and "block" not in advised
+    assert all((CONF / "sampler" / f"{name}.yaml").exists() for name in advised)
     plain = BlockProcess(V, MASK, 2, EOS, shift=True)
     with pytest.raises(ValueError, match="causal_clean=true"):
         sample_speculative(

@@ -211,6 +211,28 @@ def test_cdlm_eval_scores_an_ar_oracles_continuations_and_infills_at_the_floor(t
     assert "| 2 | continuation | 124 |" in out.with_suffix(".md").read_text()
 
 
+def test_cdlm_eval_writes_an_infinite_kl_as_null_and_names_it(tmp_path):
+    """Block diffusion bridging to a name in a later block breaks agreements the world never
+    breaks: an infinite KL, which JSON cannot hold as a number."""
+    out = tmp_path / "cond.json"
+    result = run_main(
+        "cdlm-eval",
+        "ckpt=world:agreement",
+        "process=block",
+        "scorer=world",
+        'infill="Ait is a truth AB[[30]]A"',
+        "num_samples=16",
+        "steps=16",
+        "wandb=false",
+        f"out={out}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(out.read_text(), parse_constant=pytest.fail)["rows"]
+    assert row["violation_rate"] > 0 and row["kl_rate"] is None and row["infinite"] == ["kl_rate"]
+    assert "| 1 | infill |" in out.with_suffix(".md").read_text()
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

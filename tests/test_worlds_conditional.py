@@ -9,6 +9,8 @@ import math
 
 from conftest import experiment_module
 
+from cdlm.evaluation.world_score import finite_row
+
 conditional = experiment_module("worlds_conditional")
 doc = experiment_module("worlds_conditional_doc")
 
@@ -20,7 +22,7 @@ def row(**fields) -> dict:
         "kl_rate": 0.05, "kl_floor": 0.04, "kl_floor_se": 0.001, "violation_rate": 0.0,
         "nll_cond": 3.3, "nll_cond_se": 0.01, "entropy_cond": 3.3, "tv_rate": 0.07,
     }  # fmt: skip
-    r = conditional.finite(base | fields)
+    r = finite_row(base | fields)
     return r | {"at_floor": conditional.at_floor(r)}
 
 
@@ -29,6 +31,7 @@ def test_an_infinite_kl_is_null_and_named_and_never_at_the_floor():
     assert r["kl_rate"] is None and r["infinite"] == ["kl_rate"] and not r["at_floor"]
     json.dumps(r, allow_nan=False)  # valid JSON
     assert row()["infinite"] == [] and row()["kl_rate"] == 0.05
+    assert row(kl_rate=None, infinite=["kl_rate"])["infinite"] == ["kl_rate"]  # a carried row
 
 
 def test_the_goal_counts_exact_samplers_apart_from_on_average_ones_and_unsupported_rows():

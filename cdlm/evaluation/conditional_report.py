@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from cdlm.evaluation.metric import Loaded, Measured
 from cdlm.evaluation.world_conditional import score_conditional
-from cdlm.evaluation.world_score import world_of, world_spec
+from cdlm.evaluation.world_score import finite_row, world_of, world_spec
 from cdlm.generation import Plan, Row, generate_rows
 from cdlm.generation.inputs import read_rows
 from cdlm.rng import generator
@@ -96,7 +96,8 @@ def conditional_report(loaded: Loaded, cfg: DictConfig) -> Measured:
         scores = score_conditional(cond, tokens, generator=stream)
         task = "continuation" if row.prompt is not None else "infill"
         text = row.prompt if row.prompt is not None else row.infill
-        scored.append({"task": task, "input": text} | scores | {"texts": [d.text for d in drawn]})
+        row = {"task": task, "input": text} | finite_row(scores)
+        scored.append(row | {"texts": [d.text for d in drawn]})
     result = {
         "model": {"ckpt": loaded.ckpt, "process": model.process.kind},
         "sampler": {"name": choice.name, "options": choice.options, "steps": plan.steps},
@@ -120,10 +121,15 @@ def summary(result: dict) -> str:
         "TV rate (floor ± s.e.) | violations |\n|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {i + 1} | {r['task']} | {r['free']} | {r['nll_cond']:.4f} ± {r['nll_cond_se']:.4f} "
-        f"| {r['entropy_cond']:.4f} | {r['kl_rate']:.4f} ({r['kl_floor']:.4f} ± "
-        f"{r['kl_floor_se']:.4f}) | {r['tv_rate']:.4f} ({r['tv_floor']:.4f} ± "
-        f"{r['tv_floor_se']:.4f}) | {r['violation_rate']:.3f} |"
+        f"| {i + 1} | {r['task']} | {r['free']} | {f(r['nll_cond'])} ± {f(r['nll_cond_se'])} "
+        f"| {f(r['entropy_cond'])} | {f(r['kl_rate'])} ({f(r['kl_floor'])} ± "
+        f"{f(r['kl_floor_se'])}) | {f(r['tv_rate'])} ({f(r['tv_floor'])} ± "
+        f"{f(r['tv_floor_se'])}) | {r['violation_rate']:.3f} |"
         for i, r in enumerate(result["rows"])
     ]
     return head + "\n".join(lines) + "\n"
+
+
+def f(x: float | None) -> str:
+    """A figure to 4 places; None (an infinite figure, ``finite_row``) as inf."""
+    return "inf" if x is None else f"{x:.4f}"

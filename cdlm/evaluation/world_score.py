@@ -173,6 +173,14 @@ def score_samples(
     }
 
 
+def finite_row(row: dict) -> dict:
+    """``row`` with each infinite or NaN number as None, its key named in ``infinite`` (with
+    any named before): JSON has no Infinity, and a KL rate is infinite where samples fall where
+    the truth puts no mass."""
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    return row | dict.fromkeys(bad) | {"infinite": [*row.get("infinite", []), *bad]}
+
+
 def world_spec(scorer: str, config: dict) -> str | None:
     """The world a ``scorer=`` value names: ``world:<name>`` itself, ``world`` the model's own
     (``config["world"]``, which world models and models trained on world data record); None for

@@ -92,7 +92,8 @@ def prompt_length(x: Tensor, mask_id: int) -> int:
     if not bool(open_[:, first:].all()):
         raise ValueError(
             "sampler=speculative continues a prompt left to right; it cannot keep fixed "
-            "tokens after the first gap (infill or edit with sampler=block)"
+            "tokens after the first gap (infill or edit with a sampler that sees the text on "
+            "both sides: a masked model's sampler=exact_k or sampler=ancestral, or a gaussian one)"
         )
     return first
 
