@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cdlm.evaluation.world_score import finite_row
 from cdlm.io import atomic_write_text
 from cdlm.run import logs
 from cdlm.run.table import collect
@@ -128,6 +130,19 @@ def header(commands: Sequence[str], used: Sequence[str], jobs: int) -> str:
     )
 
 
+def finite(value):
+    """``value`` with every dict that holds an infinite or NaN number rewritten by
+    ``finite_row`` (None there, the key named in ``infinite``), at any depth: JSON has no
+    Infinity, and one convention serves every results file."""
+    if isinstance(value, dict):
+        value = {k: finite(v) for k, v in value.items()}
+        odd = any(isinstance(v, float) and not math.isfinite(v) for v in value.values())
+        return finite_row(value) if odd else value
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def write(
     name: str,
     title: str,
@@ -150,7 +165,8 @@ def write(
         "machine": machine(),
         "parallel_jobs": jobs,
     }
-    atomic_write_text(folder / f"{name}.json", json.dumps(record | payload, indent=2) + "\n")
+    text = json.dumps(finite(record | payload), indent=2, allow_nan=False)
+    atomic_write_text(folder / f"{name}.json", text + "\n")
     path = folder / f"{name}.md"
     old = path.read_text(encoding="utf-8") if path.is_file() else ""
     reading = old[old.index(END) + len(END) :] if END in old else "\n"

@@ -170,6 +170,18 @@ def test_a_results_doc_keeps_its_reading_and_carries_the_header(tmp_path):
     assert record["rows"] == [2]
 
 
+def test_a_results_json_writes_an_infinite_figure_as_null_and_names_it(tmp_path):
+    found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 1}}]}
+    payload = {"rows": [{"kl_rate": float("inf"), "kl_floor": 0.1, "infinite": ["tv"]}],
+               "goals": {"best": {"kl_rate": float("nan")}}, "n": 2}  # fmt: skip
+    study.write("x", "Title", "body\n", payload, ["cdlm-train -m a"], found, tmp_path)
+    text = (tmp_path / "x.json").read_text()
+    record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a results JSON"))
+    assert record["rows"] == [{"kl_rate": None, "kl_floor": 0.1, "infinite": ["tv", "kl_rate"]}]
+    assert record["goals"] == {"best": {"kl_rate": None, "infinite": ["kl_rate"]}}
+    assert record["n"] == 2 and "infinite" not in record
+
+
 def test_the_conditional_tables_grid_and_its_floor_rule(tmp_path):
     conditional = experiment_module("worlds_conditional")
     files = conditional.prompt_files(tmp_path)
