@@ -9,9 +9,9 @@ noised, its default) and gaussian with the prompt shown clean (``process.prompt_
 the Austen "previous paragraph → next paragraph" pairs with prompt dropout 0.1. For each model,
 every held-out prompt (``conditional.py``'s: the last 64 model tokens of the previous paragraph)
 goes into one prompts file, sampled as a user would: ``cdlm-sample prompts=FILE num_samples=K
-guidance.on=prompt guidance.scale=[0,1,2]`` (the default sampler and steps, 64 new tokens,
-each continuation cut at its first EOS; prompt row r draws with seed r at every scale, so the
-scales differ only by guidance).
+guidance.on=prompt guidance.scale=[0,1,2]`` (``--samples`` K, 1 by default as the 2 shared cores
+allow; the default sampler and steps, 64 new tokens, each continuation cut at its first EOS;
+prompt row r draws with seed r at every scale, so the scales differ only by guidance).
 
 Prompt dependence (docs/results/conditional.md's): the scorer's (SmolLM2-135M) NLL per token of a
 continuation after the next held-out prompt minus after its own. Per prompt, the mean over its
@@ -208,7 +208,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--evaluated", type=Path, default=Path("multirun/conditional_guidance_eval"))
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     p.add_argument("--prompts", type=int, default=1000, help="held-out prompts (at most all)")
-    p.add_argument("--samples", type=int, default=4, help="continuations per prompt and scale")
+    p.add_argument("--samples", type=int, default=1, help="continuations per prompt and scale")
     p.add_argument("--batch-size", type=int, default=64, help="cdlm-sample rows per call")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
