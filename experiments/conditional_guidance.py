@@ -141,7 +141,7 @@ def verdicts(rows: list[dict]) -> list[str]:
         change = next(r for r in rows if r["model"] == label and r.get("change") == "0→2")
         deps = [by[w]["prompt_dependence"] for w in SCALES]
         rising = deps[0] < deps[1] < deps[2]
-        z = change["prompt_dependence"] / change["prompt_dependence_se"]
+        z = change["prompt_dependence"] / change["prompt_dependence_se"]  # paired, by prompt
         said = ", ".join(f"{d:.3f} ± {by[w]['prompt_dependence_se']:.3f}"
                          for w, d in zip(SCALES, deps, strict=True))  # fmt: skip
         met = rising and z >= 2
@@ -150,16 +150,17 @@ def verdicts(rows: list[dict]) -> list[str]:
             f"{label}: dependence at scales 0, 1, 2 {said} nats/token, "
             f"{'monotone' if rising else 'not monotone'}; 0→2 paired "
             f"{change['prompt_dependence']:+.3f} ± {change['prompt_dependence_se']:.3f} "
-            f"({z:+.1f} SE){goal}."
+            f"({z:+.2f} SE){goal}."
         )
     return out
 
 
 def markdown(report: dict, header: str) -> str:
     lines = ["## Prompt guidance on Austen with prompt dropout (issue 50)", "", header,
-             f"{report['prompts']} held-out prompts, {report['samples']} continuations each per "
-             f"scale (seed {report['seed']}); training as `cdlm-table` read it.", "",
-             "| model | steps | CPU (min) | wall (min) | val bits/token | jobs at once |",
+             f"{report['prompts']} held-out prompts, {report['samples']} continuation(s) of each per "
+             f"scale (seed {report['seed']}); training as `cdlm-table` read it (the final bound "
+             "scores whole rows, prompt included).", "",
+             "| model | steps | CPU (min) | wall (min) | final bound (bits/token) | jobs at once |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for t in report["training"]:
         cost = t["cost"] or {}
@@ -176,7 +177,9 @@ def markdown(report: dict, header: str) -> str:
             f"| {study.fmt(r.get('mean_words'), 1)} "
             f"| {r['prompt_dependence']:+.3f} ± {r['prompt_dependence_se']:.3f} |"
         )
-    lines += ["", "Rows `a→b`: the change in dependence from scale a to b, paired by prompt.", ""]
+    lines += ["", "Empty: continuations that end (EOS) at once, left out of the dependence. Rows "
+              "`a→b`: the change from scale a to b, paired by prompt over the prompts non-empty "
+              "at both.", ""]  # fmt: skip
     lines += [f"- {v}" for v in report["goals"]]
     return "\n".join(lines) + "\n"
 
@@ -232,10 +235,13 @@ def main() -> None:
         rows += json.loads(cached.read_text())
         held = held or prompts_file(spec["ckpt"], args, args.evaluated / "reference.jsonl")
         training.append({"model": label, "steps": job["steps"], "cost": job["cost"],
-                         "val_bits": job["metrics"].get("val/bits_per_token"),
+                         "val_bits": job["metrics"].get("final/bits_per_token"),
                          "job": job["folder"]})  # fmt: skip
-    rows.append(reference(args, scorer, held))
-    report = {"prompts": rows[0]["prompts"], "samples": args.samples, "seed": args.seed,
+    cached = args.evaluated / "reference.json"
+    if not cached.is_file():
+        atomic_write_text(cached, json.dumps(reference(args, scorer, held)) + "\n")
+    rows.append(json.loads(cached.read_text()))
+    report = {"prompts": len(held), "samples": args.samples, "seed": args.seed,
               "scales": list(SCALES), "training": training, "rows": rows,
               "goals": verdicts(rows)}  # fmt: skip
     commands = ["python experiments/conditional.py data multirun/conditional_data",
