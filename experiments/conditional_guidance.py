@@ -192,7 +192,7 @@ def write(report: dict, commands: list[str], found: dict, folder: Path) -> Path:
               "parallel_jobs": jobs} | report  # fmt: skip
     path = folder / "conditional.json"
     whole = json.loads(path.read_text()) if path.is_file() else {}
-    atomic_write_text(path, json.dumps(whole | {"austen_guidance": record}, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(whole | {"austen_guidance": record}, indent=1) + "\n")
     doc = folder / "conditional.md"
     text = doc.read_text(encoding="utf-8")
     section = f"{START}\n{markdown(report, study.header(commands, used, jobs))}{STOP}"
