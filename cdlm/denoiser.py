@@ -260,5 +260,7 @@ class Unpadded(Wrapper):
         own = [denoiser.network_length(n) for n in lengths]
         self.lengths = torch.tensor(own, device=device)
 
-    def __call__(self, *args, **kwargs) -> Prediction:
-        return self.denoiser(*args, lengths=self.lengths, **kwargs)
+    def __call__(self, x: Tensor, *args, **kwargs) -> Prediction:
+        # guidance stacks the unconditional half below the batch: the same rows again
+        lengths = self.lengths.repeat(max(1, x.shape[0] // self.lengths.shape[0]))
+        return self.denoiser(x, *args, lengths=lengths, **kwargs)

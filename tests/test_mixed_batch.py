@@ -17,6 +17,7 @@ from conftest import run_main, train_tiny
 from cdlm.generation import Plan, default_sampler, generate, named_sampler, with_cache
 from cdlm.generation.inputs import Row, read_layout
 from cdlm.generation.rows import generate_rows
+from cdlm.guidance import Guidance
 from cdlm.model_file import load_model
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 
@@ -61,12 +62,13 @@ def wake(network) -> None:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
 
 
-def alone(model, sampler, row: Row, seed: int, steps: int) -> list[int]:
+def alone(model, sampler, row: Row, seed: int, steps: int, scale: float = 1.0) -> list[int]:
     layout = read_layout(
         model, 16, prompt=row.prompt, infill=row.infill, max_new_tokens=row.max_new_tokens
     )
     n = len(layout.ids)  # the whole canvas, as a row comes back
-    plan = Plan(1, n, steps, seed, layout=layout, cut_at_eos=False)
+    guidance = Guidance(scale=scale, on="prompt")
+    plan = Plan(1, n, steps, seed, layout=layout, guidance=guidance, cut_at_eos=False)
     return generate(model, sampler, plan).samples[0].token_ids
 
 
@@ -104,6 +106,34 @@ def test_a_row_in_a_mixed_batch_is_the_row_alone(models, kind, name, options):
         assert mixed.rows[i].token_ids == alone(model, sampler, row, 5 + i, 8), (kind, name, i)
 
 
+@pytest.mark.parametrize("kind", ["masked", "gaussian"])
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+def test_a_guided_row_in_a_mixed_batch_is_the_row_alone(models, kind, scale):
+    """Prompt guidance on rows: each row of a padded batch, guided on its own fixed text, is the
+    row guided alone (its blanks from seed + r + 1; the unconditional half sees the padding
+    hidden too), and guidance changes what is drawn."""
+    model = models(kind)
+    sampler = default_sampler(model.process)
+    plan = Plan(1, 16, 8, 5, guidance=Guidance(scale=scale, on="prompt"))
+    mixed = generate_rows(model, sampler, plan, ROWS)
+    plain = generate_rows(model, sampler, Plan(1, 16, 8, 5), ROWS)
+    assert mixed.nfe == plain.nfe * (2 if scale == 2.0 else 1)
+    assert [r.token_ids for r in mixed.rows] != [r.token_ids for r in plain.rows]
+    for i, row in enumerate(ROWS):
+        got = mixed.rows[i].token_ids
+        assert got == alone(model, sampler, row, 5 + i, 8, scale), (kind, scale, i)
+
+
+def test_rows_refuse_a_label_and_ar_prompt_guidance(models):
+    plan = Plan(1, 16, 4, 0, guidance=Guidance(label=0, scale=2.0, on="label"))
+    with pytest.raises(ValueError, match="not on a label"):
+        generate_rows(models("masked"), default_sampler(models("masked").process), plan, ROWS)
+    ar = models("ar")
+    plan = Plan(1, 16, 4, 0, guidance=Guidance(scale=2.0, on="prompt"))
+    with pytest.raises(ValueError, match="prompt guidance needs a process"):
+        generate_rows(ar, default_sampler(ar.process), plan, ROWS[:3])
+
+
 def write_rows(path, lines: list[str]):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
@@ -138,6 +168,30 @@ def test_cli_samples_a_prompts_file(tiny_masked_checkpoint, tmp_path):
     assert got[0]["text"].startswith("the") and got[6]["text"].endswith(" and")
 
 
+def test_cli_guides_a_prompts_file_at_each_scale(tiny_masked_checkpoint, tmp_path):
+    """prompts= with guidance.scale=[0,2]: the file at each scale, records numbered on across
+    scales, each line with the same seed at both, each record its row guided alone."""
+    lines = [json.dumps(row.__dict__) for row in ROWS]
+    path = write_rows(tmp_path / "rows.jsonl", lines)
+    out = tmp_path / "s.jsonl"
+    args = [f"ckpt={tiny_masked_checkpoint}", f"prompts={path}", "steps=4", "progress=false"]
+    scales = "guidance.scale=[0,2]"
+    result = run_main(
+        "cdlm-sample", *args, scales, "num_samples=1", "seed=3", f"out={out}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in got] == list(range(8))
+    assert [r["scale"] for r in got] == [0.0] * 4 + [2.0] * 4
+    assert {r["guidance_on"] for r in got} == {"prompt"}
+    assert [r["seed"] for r in got] == [3, 4, 5, 6] * 2
+    model = load_model(tiny_masked_checkpoint)
+    sampler = default_sampler(model.process)
+    for r in got:
+        row = ROWS[r["line"] - 1]
+        assert r["token_ids"] == alone(model, sampler, row, r["seed"], 4, r["scale"])
+
+
 @pytest.mark.parametrize(
     ("lines", "needles"),
     [
@@ -165,7 +219,7 @@ def test_a_bad_line_is_a_one_line_error_naming_it(tiny_masked_checkpoint, tmp_pa
     [
         (["prompts=/no/such/rows.jsonl"], ["prompts file not found"]),
         (["prompts=rows.jsonl", "prompt=a"], ["prompts= carries its own rows; drop prompt"]),
-        (["prompts=rows.jsonl", "guidance.scale=2"], ["unguided"]),
+        (["prompts=rows.jsonl", "guidance.on=label"], ["needs label=NAME"]),
     ],
 )
 def test_prompts_refuses_what_it_does_not_take(tiny_masked_checkpoint, tmp_path, args, needles):

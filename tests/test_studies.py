@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 SHARED = {"study"}  # what every study may import besides the library
 STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
-    "learning", "duo", "duo_chars", "duo_last_step", "conditional_plan", "conditional_austen", "worlds_learned",
+    "learning", "duo", "duo_chars", "duo_last_step", "conditional_plan", "conditional_austen",
+    "conditional_guidance", "worlds_learned",
     "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
     "decoding",
 ]  # fmt: skip

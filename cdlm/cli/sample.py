@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -68,9 +69,9 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
         given = [k for k in given if cfg[k] is not None]
         require(not given, f"prompts= carries its own rows; drop {', '.join(given)}")
         require(cfg.show == "none", "prompts= has no live canvas (show=none)")
-        require(scales(cfg) == [1.0], "prompts= samples unguided (guidance.scale=1)")
     inputs = [k for k in ("prompt", "infill", "edit") if cfg[k] is not None]
     require(len(inputs) <= 1, f"give at most one of prompt=, infill=, edit= (got {inputs})")
+    fixed_text = bool(inputs) or cfg.prompts is not None
     if cfg.max_new_tokens is not None:
         require(cfg.prompt is not None, "max_new_tokens= counts the tokens after prompt=; give one")
         require(
@@ -78,12 +79,13 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
             "give seq_len= (the whole canvas) or max_new_tokens= (after the prompt), not both",
         )
     require(
-        cfg.label is not None or inputs or all(w == 1.0 for w in scales(cfg)),
+        cfg.label is not None or fixed_text or all(w == 1.0 for w in scales(cfg)),
         "guidance.scale needs something to guide on: label=NAME (a class-conditional model) or "
-        f"fixed text (prompt=, infill=, edit=); without either it would be ignored (got {raw})",
+        f"fixed text (prompt=, infill=, edit=, prompts=); without either it would be ignored "
+        f"(got {raw})",
     )
     try:
-        Guidance(cfg.label, 1.0, cfg.guidance.on).targets(bool(inputs))
+        Guidance(cfg.label, 1.0, cfg.guidance.on).targets(fixed_text)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if cfg.canvas is not None:
@@ -126,7 +128,8 @@ def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
 
 
 def sample_rows(cfg: DictConfig, model: Model, sampler, choice, seq_len: int) -> list[dict]:
-    """``prompts=FILE``: every line's row, in batches of ``batch_size`` rows; its records."""
+    """``prompts=FILE``: every line's row, in batches of ``batch_size`` rows, at each guidance
+    scale (on the rows' fixed text, each row with the same seed at every scale); its records."""
     path = Path(str(cfg.prompts))
     if not path.is_file():
         raise UsageError(f"prompts file not found: {path}")
@@ -141,14 +144,21 @@ def sample_rows(cfg: DictConfig, model: Model, sampler, choice, seq_len: int) ->
         rounding=cfg.rounding,
         denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
     )
-    gen = generate_rows(model, sampler, plan, rows, what="line")
-    kept = row_records(gen, choice.name, plan.steps, cfg.num_samples)
-    for record in kept:
-        print(f"[{record['index']}] (line {record['line']}) {record['text']}\n")
-    print(
-        f"cdlm-sample: {len(kept)} rows, sampler={choice.name}, steps={plan.steps}, "
-        f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
-    )
+    kept: list[dict] = []
+    on = Guidance(None, 1.0, cfg.guidance.on).guided_on(True, scales(cfg))
+    for w in scales(cfg):
+        run_plan = replace(plan, guidance=Guidance(None, w, cfg.guidance.on))
+        gen = generate_rows(model, sampler, run_plan, rows, what="line")
+        scale = w if on else None
+        drawn = row_records(gen, choice.name, plan.steps, cfg.num_samples, scale, on, len(kept))
+        what = f", prompt guidance, scale {w:g}" if on else ""
+        for record in drawn:
+            print(f"[{record['index']}] (line {record['line']}{what}) {record['text']}\n")
+        print(
+            f"cdlm-sample: {len(drawn)} rows, sampler={choice.name}, steps={plan.steps}, "
+            f"NFE={gen.nfe}, positions={gen.positions}, {gen.wall_seconds:.2f}s"
+        )
+        kept += drawn
     return kept
 
 

@@ -67,18 +67,28 @@ def headline(record: dict[str, Any]) -> str:
 
 
 def row_records(
-    gen: RowsGeneration, sampler: str, steps: int, per_line: int
+    gen: RowsGeneration,
+    sampler: str,
+    steps: int,
+    per_line: int,
+    scale: float | None = None,
+    guidance_on: str | None = None,
+    first_index: int = 0,
 ) -> list[dict[str, Any]]:
     """One record per row of a prompts file (``num_samples`` = ``per_line`` per line): its
-    line, the assembled text and region map, the completion after a prompt, and its seed."""
+    line, the assembled text and region map, the completion after a prompt, its seed, and the
+    guidance it was drawn under (``scale`` None: unguided); indices start at ``first_index``."""
     return [
         {
-            "index": i,
+            "index": first_index + i,
             "line": i // per_line + 1,
             "text": r.text,
             "completion": r.completion,
             "regions": [region.as_dict() for region in r.regions],
             "token_ids": r.token_ids,
+            "label": None,
+            "scale": scale,
+            "guidance_on": guidance_on,
             "sampler": sampler,
             "steps": steps,
             "nfe": gen.nfe,

@@ -4,8 +4,9 @@ one sampler call, so that a row comes out token for token as it would alone.
 
 Row r (after each row is repeated ``plan.num_samples`` times) draws from the generator of seed
 ``plan.seed + r`` (``cdlm.rng.Rows``): the row alone, ``generate`` with ``seed=plan.seed + r``,
-draws the same numbers. Canvases of different lengths are padded on the right to the batch's
-longest: for a bidirectional network the padding is held fixed (EOS) and hidden from every
+draws the same numbers. Prompt guidance (``plan.guidance``, on the fixed text) draws
+row r's blanks from the generator of seed ``plan.seed + r + 1``, as ``generate`` does for the row
+alone. Canvases of different lengths are padded on the right to the batch's longest: for a bidirectional network the padding is held fixed (EOS) and hidden from every
 query (``cdlm.denoiser.Unpadded``, the network's ``lengths``); a causal network never looks
 right, so there the padding is just more canvas, generated and cut off.
 """
@@ -23,7 +24,6 @@ from cdlm.denoiser import Unpadded
 from cdlm.generation.generate import sampled_ids, self_cond_extra, time_grid
 from cdlm.generation.inputs import Row, row_layouts
 from cdlm.generation.plan import Plan
-from cdlm.guidance import Guidance
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode
 from cdlm.processes.base import Fixed
@@ -70,12 +70,21 @@ def generate_rows(
 ) -> RowsGeneration:
     """Draws every row ``plan.num_samples`` times with ``sampler``, ``plan.batch_size`` rows per
     sampler call. ``plan.seq_len`` bounds each canvas (a prompt without ``max_new_tokens`` fills
-    it); the plan's own layout, edit strength and guidance must be unset. ``what`` names a row
-    in errors (``line`` for a prompts file)."""
+    it); the plan's own layout and edit strength must be unset; ``plan.guidance`` may guide on
+    the rows' fixed text (``guidance.on`` prompt or auto; no label). ``what`` names a row in
+    errors (``line`` for a prompts file)."""
     process, network = model.process, model.network
     check_compatible(sampler, process.kind)
-    if plan.layout is not None or plan.strength != 1.0 or plan.guidance != Guidance():
-        raise ValueError("rows carry their own canvases and are drawn unguided, without edits")
+    if plan.layout is not None or plan.strength != 1.0:
+        raise ValueError("rows carry their own canvases and are drawn without edits")
+    if plan.guidance.label is not None:
+        raise ValueError("rows are guided on their fixed text only, not on a label")
+    guided = plan.guidance.guides_prompt(True)
+    if guided and process.sequential:
+        raise ValueError(
+            "prompt guidance needs a process whose network sees the whole canvas (masked, "
+            "gaussian); the autoregressive baseline reads the prompt as its left context only"
+        )
     layouts = row_layouts(model, plan.seq_len, rows, what)
     layouts = [lay for lay in layouts for _ in range(plan.num_samples)]
     sources = [row for row in rows for _ in range(plan.num_samples)]
@@ -87,10 +96,10 @@ def generate_rows(
         for first in range(0, len(layouts), size):
             batch = layouts[first : first + size]
             seeds = [plan.seed + first + k for k in range(len(batch))]
-            generator = rng.Rows(
-                [rng.generator(s, device) for s in seeds], [len(b.ids) for b in batch]
-            )
-            x, denoiser = _padded(model, plan, batch, generator, device)
+            lengths = [len(b.ids) for b in batch]
+            generator = rng.Rows([rng.generator(s, device) for s in seeds], lengths)
+            blanks = rng.Rows([rng.generator(s + 1, device) for s in seeds], lengths)
+            x, denoiser = _padded(model, plan, batch, generator, blanks if guided else None)
             out = sampler(
                 denoiser, x, timesteps, process=process, generator=generator, callback=callback
             )
@@ -101,15 +110,18 @@ def generate_rows(
             width = max(len(b.ids) for b in batch)
             done = out.positions if out.positions is not None else out.nfe * width
             nfe, positions = max(nfe, calls), max(positions, done * calls // max(out.nfe, 1))
+    passes = plan.guidance.passes(True)
+    nfe, positions = nfe * passes, positions * passes
     return RowsGeneration(out_rows, nfe, positions, time.perf_counter() - start)
 
 
 def _padded(
-    model: Model, plan: Plan, batch: list[Layout], generator: rng.Rows, device: torch.device
+    model: Model, plan: Plan, batch: list[Layout], generator: rng.Rows, blanks: rng.Rows | None
 ) -> tuple[torch.Tensor, Callable]:
     """The batch's starting state on the longest canvas and the denoiser that holds each row's
-    fixed regions (and its padding, hidden from a bidirectional network)."""
-    process, width = model.process, generator.width
+    fixed regions (and its padding, hidden from a bidirectional network), guided on each row's
+    fixed text when ``blanks`` (the prior's draws there) is given."""
+    process, width, device = model.process, generator.width, generator.device
     eos = model.tokenizer.eos_token_id
     open_tail = process.sequential  # a causal network: the padding is generated, then cut
 
@@ -122,11 +134,13 @@ def _padded(
     x = process.prior((len(batch), width), device, generator)
     x = process.start(x, ids, editable, seeded, 1.0, generator)
     lengths = generator.lengths
-    guide = None
-    if not open_tail and min(lengths) < width:
+    prompt = torch.tensor([pad([not e for e in b.editable], False) for b in batch], device=device)
+    blank = None if blanks is None else process.prior((len(batch), width), device, blanks)
 
-        def guide(denoiser: Callable) -> Callable:
-            return Unpadded(denoiser, lengths, device)
+    def guide(denoiser: Callable) -> Callable:
+        if not open_tail and min(lengths) < width:
+            denoiser = Unpadded(denoiser, lengths, device)
+        return plan.guidance.wrap(denoiser, len(batch), device, where=prompt, blank=blank)
 
     denoiser = process.conditioned_denoiser(
         model.network,
