@@ -15,6 +15,10 @@ without it the folder's jobs are only collected, through the toolkit's table
 world over the oracles (span exact-match and token accuracy on the world's exact samples,
 beside the exact conditional's ceiling).
 
+With ``--models`` (the ``experiment=worlds_conditional`` training sweep), every learned model
+there is sampled too, into ``<folder>/learned/<world>/<recipe>``, and its rows (``model:
+learned``) stand beside the oracles' (``worlds_conditional_learned``).
+
 A row is at the floor when its KL rate is within two standard deviations of one exact set above
 the floor's mean (the floor is the mean of 8 exact sets: one set's s.d. is its s.e. x sqrt(8)).
 """
@@ -30,6 +34,7 @@ import sys
 from pathlib import Path
 
 import study
+import worlds_conditional_learned as learned
 
 STEPS = (16, 64, 128)
 NUM_SAMPLES = 64
@@ -170,6 +175,26 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
                 subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
 
 
+def is_oracle(job: dict) -> bool:
+    """Whether a job sampled a world's oracle (``ckpt=world:<name>``), not a learned model."""
+    return job["overrides"]["ckpt"].startswith("world:")
+
+
+def run_learned(folder: Path, models: list[dict], num_samples: int, cdlm_eval: str) -> None:
+    """Every learned model's ``cdlm-eval -m`` jobs (``learned.commands``), then each world's
+    ``task=infill`` over them; a group whose jobs all finished is skipped."""
+    files = prompt_files(folder)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    runs = [r for m in models for r in learned.commands(folder, m, files[m["world"]], STEPS,
+                                                         num_samples)]  # fmt: skip
+    runs += [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS, INFILL_SPANS)
+             for w in TASKS]  # fmt: skip
+    for cmd, group, jobs in runs:
+        if not finished(group, jobs):
+            print(" ".join(cmd), flush=True)
+            subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
+
+
 def at_floor(row: dict) -> bool:
     """The KL rate within two s.d. of one exact set above the floor (module docstring)."""
     spread = row["kl_floor_se"] * math.sqrt(FLOOR_SETS)
@@ -181,7 +206,7 @@ def oracle_rows(found: dict) -> list[dict]:
     out = []
     for job in study.rows(found):
         o, m = job["overrides"], job["metrics"]
-        if "rows/0/kl_rate" not in m:  # a task=infill job: infill_rows
+        if "rows/0/kl_rate" not in m or not is_oracle(job):  # task=infill: infill_rows
             continue
         process = o["process"]
         task = Path(o["prompts"]).stem.split("_", 1)[1]
@@ -219,7 +244,7 @@ def infill_rows(found: dict) -> list[dict]:
     """One row per span of each finished ``task=infill`` job (its report beside it)."""
     out = []
     for job in study.rows(found):
-        if job["overrides"].get("task") != "infill":
+        if job["overrides"].get("task") != "infill" or not is_oracle(job):
             continue
         (path,) = Path(job["folder"]).glob("*eval_task_infill.json")
         report = json.loads(path.read_text())
@@ -368,24 +393,49 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("folder", type=Path, help="the study's sweep folder")
     p.add_argument("--run", action="store_true", help="run the cdlm-eval jobs first")
     p.add_argument("--num-samples", type=int, default=NUM_SAMPLES)
+    p.add_argument(
+        "--models", type=Path, help="the experiment=worlds_conditional sweep: its learned rows"
+    )
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     return p.parse_args(argv)
 
 
 def main() -> None:
     args = parse()
+    models = learned.models(args.models) if args.models else []
     if args.run:
         cdlm_eval = str(Path(sys.executable).with_name("cdlm-eval"))
         run_all(args.folder, args.num_samples, cdlm_eval)
-    found = study.table(args.folder)
+        run_learned(args.folder, models, args.num_samples, cdlm_eval)
+    found = study.table(args.folder, *([args.models] if args.models else []))
     rows = oracle_rows(found)
     report = {"num_samples": args.num_samples, "rows": rows, "goals": goals(rows)}
     report["task_infill"] = infill_rows(found)
+    body = markdown(report)
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
+    if models:
+        body += learned_report(report, found, models, rows)
+        commands = [LEARNED_TRAIN, commands[0] + f" --models {args.models}"]
     title = "Conditioning scored against a world's exact conditional (issue 50)"
-    path = study.write("worlds_conditional", title, markdown(report), report, commands, found,
-                       args.results)  # fmt: skip
+    path = study.write("worlds_conditional", title, body, report, commands, found, args.results)
     print(path.read_text())
+
+
+LEARNED_TRAIN = (
+    "cdlm-train -m experiment=worlds_conditional hydra/launcher=joblib hydra.launcher.n_jobs=1"
+)
+
+
+def learned_report(report: dict, found: dict, models: list[dict], oracle: list[dict]) -> str:
+    """Adds the learned models' rows (to ``rows``, beside the oracles'), their ``task=infill``
+    rows and goals to ``report``; returns their part of the doc."""
+    mine = learned.learned_rows(found, models, at_floor)
+    report["rows"] = oracle + mine
+    report["learned_task_infill"] = learned.learned_infill_rows(found, models)
+    view, violation = learned.view_goal(mine), learned.violation_goal(mine)
+    report["learned_goals"] = {"prompt_view": view, "violations": violation}
+    lines = learned.goal_lines(view, violation) + learned.table_lines(mine, oracle, TASKS)
+    return "\n".join(lines + learned.infill_lines(report["learned_task_infill"])) + "\n"
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ SHARED = {"study"}  # what every study may import besides the library
 STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
     "learning", "duo", "duo_chars", "conditional_plan", "conditional_austen", "worlds_learned",
     "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
+    "worlds_conditional",
 ]  # fmt: skip
 README = EXPERIMENTS / "README.md"
 
