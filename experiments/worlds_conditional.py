@@ -180,13 +180,17 @@ def is_oracle(job: dict) -> bool:
     return job["overrides"]["ckpt"].startswith("world:")
 
 
-def run_learned(folder: Path, models: list[dict], num_samples: int, cdlm_eval: str) -> None:
-    """Every learned model's ``cdlm-eval -m`` jobs (``learned.commands``), then each world's
-    ``task=infill`` over them; a group whose jobs all finished is skipped."""
+def run_learned(
+    folder: Path, models: list[dict], num_samples: int, steps: tuple[int, ...], cdlm_eval: str
+) -> None:
+    """Every learned model's ``cdlm-eval -m`` jobs (``learned.commands``; the goals' groups of
+    every model first), then each world's ``task=infill`` over them; a group whose jobs all
+    finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    runs = [r for m in models for r in learned.commands(folder, m, files[m["world"]], STEPS,
+    runs = [r for m in models for r in learned.commands(folder, m, files[m["world"]], steps,
                                                          num_samples)]  # fmt: skip
+    runs.sort(key=lambda r: not r[1].name.endswith("_goal"))  # stable: the goals first
     runs += [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS, INFILL_SPANS)
              for w in TASKS]  # fmt: skip
     for cmd, group, jobs in runs:
@@ -392,22 +396,31 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path, help="the study's sweep folder")
     p.add_argument("--run", action="store_true", help="run the cdlm-eval jobs first")
+    p.add_argument(
+        "--skip-oracles", action="store_true", help="with --run: run the learned jobs only"
+    )
     p.add_argument("--num-samples", type=int, default=NUM_SAMPLES)
     p.add_argument(
-        "--models", type=Path, help="the experiment=worlds_conditional sweep: its learned rows"
-    )
+        "--models", type=Path, nargs="*", default=[],
+        help="experiment=worlds_conditional sweep folders: their models' learned rows",
+    )  # fmt: skip
+    p.add_argument(
+        "--learned-steps", type=lambda v: tuple(map(int, v.split(","))), default=STEPS,
+        help="the learned rows' step counts, e.g. 16,64,128",
+    )  # fmt: skip
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     return p.parse_args(argv)
 
 
 def main() -> None:
     args = parse()
-    models = learned.models(args.models) if args.models else []
+    models = learned.models(*args.models)
     if args.run:
         cdlm_eval = str(Path(sys.executable).with_name("cdlm-eval"))
-        run_all(args.folder, args.num_samples, cdlm_eval)
-        run_learned(args.folder, models, args.num_samples, cdlm_eval)
-    found = study.table(args.folder, *([args.models] if args.models else []))
+        if not args.skip_oracles:
+            run_all(args.folder, args.num_samples, cdlm_eval)
+        run_learned(args.folder, models, args.num_samples, args.learned_steps, cdlm_eval)
+    found = study.table(args.folder, *args.models)
     rows = oracle_rows(found)
     report = {"num_samples": args.num_samples, "rows": rows, "goals": goals(rows)}
     report["task_infill"] = infill_rows(found)
@@ -415,7 +428,9 @@ def main() -> None:
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
     if models:
         body += learned_report(report, found, models, rows)
-        commands = [LEARNED_TRAIN, commands[0] + f" --models {args.models}"]
+        steps = ",".join(map(str, args.learned_steps))
+        models_arg = " ".join(map(str, args.models))
+        commands = [LEARNED_TRAIN, f"{commands[0]} --models {models_arg} --learned-steps {steps}"]
     title = "Conditioning scored against a world's exact conditional (issue 50)"
     path = study.write("worlds_conditional", title, body, report, commands, found, args.results)
     print(path.read_text())

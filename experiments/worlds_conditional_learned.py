@@ -33,15 +33,15 @@ RECIPES = {
     "autoregressive_fim": ("autoregressive", "ar", None),
 }
 DIFFUSION = ("gaussian", "gaussian_clean_prompts", "masked", "block_default")
-SEEDS = (0, 1, 2, 3)  # sample sets of the goals' rows: seed 0 in the table, 1-3 beside it
+SEEDS = (0, 1, 2, 3)  # sample sets of the goals' rows (seed 0's in the table)
 INFILL_RECIPES = (*DIFFUSION, "autoregressive_fim")  # task=infill: those that take a gap
 
 
-def models(folder: Path) -> list[dict]:
-    """The finished training jobs of ``folder`` (the ``experiment=worlds_conditional`` sweep):
+def models(*folders: Path) -> list[dict]:
+    """The finished training jobs of ``folders`` (``experiment=worlds_conditional`` sweeps):
     world, recipe and model folder each."""
     out = []
-    for job in study.rows(study.table(folder)):
+    for job in study.rows(study.table(*folders)) if folders else []:
         o = job["overrides"]
         out.append(
             {
@@ -54,7 +54,7 @@ def models(folder: Path) -> list[dict]:
 
 
 def goal_tasks(world: str, recipe: str) -> list[str]:
-    """The tasks a model's extra seeds run: continuation for gaussian (the view goal), the
+    """The tasks a model runs with every seed: continuation for gaussian (the view goal), the
     bridge for every model that takes a gap in the agreement world (the violation goal)."""
     out = ["continuation"] if RECIPES[recipe][0] == "gaussian" else []
     return out + (["bridge"] if world == "agreement" and takes(recipe, "bridge") else [])
@@ -68,9 +68,9 @@ def takes(recipe: str, task: str) -> bool:
 def commands(
     folder: Path, model: dict, files: dict[str, Path], steps: tuple[int, ...], num_samples: int
 ) -> list[tuple[list[str], Path, int]]:
-    """(the ``cdlm-eval -m``, its sweep folder, its job count) of one learned model: every task
-    it takes at ``steps`` (a sequential AR model once) with seed 0, then the goals' tasks with
-    the other seeds."""
+    """(the ``cdlm-eval -m``, its sweep folder, its job count) of one learned model at ``steps``
+    (a sequential AR model once): the goals' tasks with every seed (``<recipe>_goal``), then
+    the other tasks it takes with seed 0 (``<recipe>``)."""
     recipe, world = model["recipe"], model["world"]
     process, sampler, _ = RECIPES[recipe]
     step_list = (64,) if process == "autoregressive" else steps
@@ -79,10 +79,11 @@ def commands(
         f"num_samples={num_samples}", "wandb=false", f"sampler={sampler}",
         f"steps={','.join(map(str, step_list))}",
     ]  # fmt: skip
+    goal = goal_tasks(world, recipe)
     out = []
     for name, tasks, seeds in (
-        (recipe, [t for t in files if takes(recipe, t)], SEEDS[:1]),
-        (f"{recipe}_seeds", goal_tasks(world, recipe), SEEDS[1:]),
+        (f"{recipe}_goal", goal, SEEDS),
+        (recipe, [t for t in files if takes(recipe, t) and t not in goal], SEEDS[:1]),
     ):
         if not tasks:
             continue

@@ -28,11 +28,13 @@ def test_each_models_grid_has_the_jobs_it_counts(tmp_path):
             sweep = dict(a.split("=", 1) for a in cmd[2:] if not a.startswith("hydra."))
             assert len(grid(sweep)) == jobs, (model, group)
             total[(model["world"], model["recipe"], group.name)] = jobs
-    # plain AR: the continuation once; gaussian: its seeds on continuation (and the bridge)
+    # plain AR: the continuation once; gaussian: every seed on continuation (and the bridge)
     assert total[("chars", "autoregressive", "autoregressive")] == 1
-    assert ("chars", "masked", "masked_seeds") not in total
-    assert total[("agreement", "gaussian", "gaussian_seeds")] == 2 * 3 * 3
-    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_seeds")] == 3
+    assert ("chars", "masked", "masked_goal") not in total
+    assert total[("chars", "masked", "masked")] == 2 * 3
+    assert total[("agreement", "gaussian", "gaussian_goal")] == 2 * 3 * 4
+    assert total[("agreement", "gaussian", "gaussian")] == 1 * 3  # the infill
+    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_goal")] == 4
     cmd, _, jobs = learned.infill_command(tmp_path, "agreement", MODELS, 32, 64, (1, 4))
     assert jobs == 5 and len(grid(dict(a.split("=", 1) for a in cmd[2:4]))) == 5
 
