@@ -4,23 +4,26 @@
 
 Every process's oracle (``ckpt=world:chars`` and ``world:agreement``, ``process=masked | block |
 gaussian | autoregressive | uniform``) samples each task's fixed text with every sampler family
-that takes fixed text, at 16, 64 and 128 steps, each set scored against the world's exact
-conditional (``cdlm-eval scorer=world prompts=FILE``, ``cdlm.evaluation.world_conditional``).
-The tasks: ``continuation`` (a prompt continued to the canvas's end), ``infill`` (a middle span
-between fixed text), and in the agreement world ``bridge`` (a span between two fixed names, each
-of the span's names bound to one of them). ``--run`` launches one ``cdlm-eval -m`` per world and
-process into ``<folder>/<world>/<process>`` (a group whose jobs all finished is not run again);
-without it the folder's jobs are only collected, through the toolkit's table
-(``study.table``), and the doc written. The same run adds ``cdlm-eval -m task=infill`` per
-world over the oracles (span exact-match and token accuracy on the world's exact samples,
-beside the exact conditional's ceiling).
+that takes fixed text, each set scored against the world's exact conditional (``cdlm-eval
+scorer=world prompts=FILE``, ``cdlm.evaluation.world_conditional``). The tasks: ``continuation``
+(a prompt continued to the canvas's end), ``infill`` (a middle span between fixed text), and in
+the agreement world ``bridge`` (a span between two fixed names, each of the span's names bound to
+one of them). A group (``GROUPS``) is one ``cdlm-eval -m`` into ``<folder>/<world>/<group>``; a
+group whose jobs all finished is not run again. Without ``--run`` the folder's jobs are only
+collected, through the toolkit's table (``study.table``), and the doc written
+(``worlds_conditional_doc``). The same run adds ``cdlm-eval -m task=infill`` per world over the
+oracles (span exact-match and token accuracy on the world's exact samples, beside the exact
+conditional's ceiling).
+
+Two kinds of sampler decide about one token per call. Those that decide *exactly* one
+(``EXACT``: exact-k at k = 1, masked ancestral left to right, AR) draw from the exact
+conditional by construction on an oracle, as does speculative decoding (its drafts verified
+against the AR pass): the issue's goal is judged on these. The rest (ancestral, ReMDM, block's
+MDLM rule) decide one *on average*, several at once on some steps, and are kept beside them.
 
 With ``--models`` (the ``experiment=worlds_conditional`` training sweep), every learned model
 there is sampled too, into ``<folder>/learned/<world>/<recipe>``, and its rows (``model:
 learned``) stand beside the oracles' (``worlds_conditional_learned``).
-
-A row is at the floor when its KL rate is within two standard deviations of one exact set above
-the floor's mean (the floor is the mean of 8 exact sets: one set's s.d. is its s.e. x sqrt(8)).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import study
+import worlds_conditional_doc as doc
 import worlds_conditional_learned as learned
 
 STEPS = (16, 64, 128)
@@ -52,26 +57,55 @@ TASKS = {
         "bridge": {"infill": "Ait is a truth AB[[30]]A"},  # 31 agrees with 16, 32 with 47
     },
 }
-# process -> the sampler families that take fixed text (conf/sampler/ names)
-SAMPLERS = {
-    "masked": ("ancestral", "confidence", "remdm"),
-    "block": ("block",),
-    "autoregressive": ("ar",),
-    "uniform": ("duo_ancestral", "duo_psi"),
-    "gaussian": ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
-}
-GREEDY = ("confidence",)  # argmax decoders: no draw from the conditional, so no floor to reach
-ODE = ("euler", "heun", "dpmpp_2m")
-# one more group: masked ancestral left to right (sampler.block_length=1), one token per call
-# whatever the step count, so run once per task as AR is: the masked one-token-per-call sampler
-L2R = "masked_l2r"
-GROUPS = (*SAMPLERS, L2R)
-ONE_PER_TOKEN = (
-    "autoregressive",
-    L2R,
-)  # their step count is the span's length  # the probability-flow ODE solvers (cdlm/samplers/ode.py)
 VIEWS = ("clean", "noised")  # the gaussian process's prompt views (process.prompt_view)
-CONTINUATION_ONLY = ("autoregressive",)  # a plain AR model takes no fixed text after a gap
+UNSHIFTED = ("process.shift=false", "process.causal_clean=false", "process.ar_weight=0")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One ``cdlm-eval -m`` per world: a process's oracle under ``samplers`` (conf/sampler/
+    names) at ``steps``, with ``extra`` overrides; ``tag`` marks its rows' sampler name, and
+    ``stepless`` says that the steps do not change what it does (AR, left to right,
+    speculative): its rows carry no step count."""
+
+    process: str
+    samplers: tuple[str, ...]
+    steps: tuple[int, ...] = STEPS
+    extra: tuple[str, ...] = ()
+    tag: str = ""
+    stepless: bool = False
+    continuation_only: bool = False  # a plain AR model takes no fixed text after a gap
+
+    def jobs(self, tasks: int) -> int:
+        sweeps = math.prod(len(e.split("=", 1)[1].split(",")) for e in self.extra)
+        tasks = 1 if self.continuation_only else tasks
+        return len(self.samplers) * len(self.steps) * tasks * sweeps
+
+
+GROUPS = {
+    "masked": Group("masked", ("ancestral", "confidence", "remdm")),
+    "block": Group("block", ("block",)),
+    "autoregressive": Group("autoregressive", ("ar",), (64,), stepless=True,
+                            continuation_only=True),
+    "uniform": Group("uniform", ("duo_ancestral", "duo_psi")),
+    "gaussian": Group("gaussian", ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
+                      extra=(f"process.prompt_view={','.join(VIEWS)}",)),
+    # masked ancestral left to right: one token per call whatever the steps
+    "masked_l2r": Group("masked", ("ancestral",), (64,), ("sampler.block_length=1",), "_l2r",
+                        stepless=True),
+    # exact-k at k = 1 (cdlm.samplers.rules.ExactK): 128 steps cover every task's free tokens
+    "masked_exact": Group("masked", ("exact_k",), (128,)),
+    "block_exact": Group("block", ("exact_k",), (128,)),
+    "block_exact_unshifted": Group("block", ("exact_k",), (128,), UNSHIFTED, "_unshifted"),
+    "block_speculative": Group("block", ("speculative",), (64,), stepless=True,
+                               continuation_only=True),
+}  # fmt: skip
+# the groups the goal is judged on: exact by construction on an oracle (module docstring)
+EXACT = ("masked_l2r", "masked_exact", "block_exact", "block_exact_unshifted", "autoregressive",
+         "block_speculative")  # fmt: skip
+# processes whose samplers see only the blocks before the current one: fixed text to the right
+# of a free block is unseen (cdlm warns), so an infill or a bridge is not supported
+LEFT_ONLY = ("block",)
 # task=infill on the world's exact samples: each process's default sampler (the oracle AR has no
 # fill-in-the-middle form, and a plain AR model takes no infill)
 INFILL_PROCESSES = ("masked", "block", "gaussian", "uniform")
@@ -91,31 +125,27 @@ def prompt_files(folder: Path) -> dict[str, dict[str, Path]]:
 
 
 def command(
-    folder: Path, world: str, group: str, files: dict[str, Path], num_samples: int
+    folder: Path, world: str, name: str, files: dict[str, Path], num_samples: int
 ) -> list[str]:
-    """The ``cdlm-eval -m`` of one world's oracle of a process (``group``: a process, or
-    ``L2R``): every sampler, step count, task (and gaussian prompt view) a job, each in its own
-    folder."""
-    process = "masked" if group == L2R else group
-    tasks = [p for t, p in files.items() if process not in CONTINUATION_ONLY or t == "continuation"]
-    steps = "64" if group in ONE_PER_TOKEN else ",".join(map(str, STEPS))
-    samplers = "ancestral" if group == L2R else ",".join(SAMPLERS[process])
-    args = [
+    """The ``cdlm-eval -m`` of one world's group ``name``: every sampler, step count, task (and
+    extra sweep) a job, each in its own folder."""
+    group = GROUPS[name]
+    tasks = [p for t, p in files.items() if not group.continuation_only or t == "continuation"]
+    return [
         "cdlm-eval",
         "-m",
         f"ckpt=world:{world}",
-        f"process={process}",
+        f"process={group.process}",
         "scorer=world",
         f"num_samples={num_samples}",
         "wandb=false",
         "seed=0",
-        f"sampler={samplers}",
-        f"steps={steps}",
+        f"sampler={','.join(group.samplers)}",
+        f"steps={','.join(map(str, group.steps))}",
         f"prompts={','.join(str(p.resolve()) for p in tasks)}",
-        f"hydra.sweep.dir={folder / world / group}",
+        f"hydra.sweep.dir={folder / world / name}",
+        *group.extra,
     ]
-    args += ["sampler.block_length=1"] if group == L2R else []
-    return args + ([f"process.prompt_view={','.join(VIEWS)}"] if process == "gaussian" else [])
 
 
 def infill_command(folder: Path, world: str) -> list[str]:
@@ -136,17 +166,6 @@ def infill_command(folder: Path, world: str) -> list[str]:
     ]
 
 
-def expected_jobs(group: str, tasks: int) -> int:
-    process = "masked" if group == L2R else group
-    samplers = 1 if group == L2R else len(SAMPLERS[process])
-    count = samplers * (1 if group in ONE_PER_TOKEN else len(STEPS))
-    return (
-        count
-        * (1 if process in CONTINUATION_ONLY else tasks)
-        * (len(VIEWS) if process == "gaussian" else 1)
-    )
-
-
 def finished(group: Path, jobs: int) -> bool:
     """Whether ``group`` holds ``jobs`` finished jobs (a rerun skips it)."""
     if not group.is_dir():
@@ -158,14 +177,14 @@ def finished(group: Path, jobs: int) -> bool:
 
 
 def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
-    """Every world's and group's ``cdlm-eval -m``, then its ``task=infill``, one after another;
-    a group whose jobs all finished is skipped."""
+    """Every world's groups, then its ``task=infill``, one after another; a group whose jobs
+    all finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for world in TASKS:
         runs = [
             (command(folder, world, g, files[world], num_samples), g,
-             expected_jobs(g, len(files[world])))
+             GROUPS[g].jobs(len(files[world])))
             for g in GROUPS
         ]  # fmt: skip
         runs.append((infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
@@ -200,9 +219,19 @@ def run_learned(
 
 
 def at_floor(row: dict) -> bool:
-    """The KL rate within two s.d. of one exact set above the floor (module docstring)."""
+    """The KL rate within two s.d. of one exact set above the floor (an infinite KL, None in
+    the row, is not)."""
+    if row["kl_rate"] is None:
+        return False
     spread = row["kl_floor_se"] * math.sqrt(FLOOR_SETS)
     return row["kl_rate"] <= row["kl_floor"] + 2 * spread
+
+
+def finite(row: dict) -> dict:
+    """``row`` with each infinite or NaN number as None, named in ``infinite`` (JSON has no
+    Infinity): e.g. a KL rate where samples fall where the conditional puts no mass."""
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    return row | dict.fromkeys(bad) | {"infinite": bad}
 
 
 def oracle_rows(found: dict) -> list[dict]:
@@ -212,35 +241,38 @@ def oracle_rows(found: dict) -> list[dict]:
         o, m = job["overrides"], job["metrics"]
         if "rows/0/kl_rate" not in m or not is_oracle(job):  # task=infill: infill_rows
             continue
-        process = o["process"]
-        task = Path(o["prompts"]).stem.split("_", 1)[1]
+        name = Path(job["folder"]).parent.name
+        group, task = GROUPS[name], Path(o["prompts"]).stem.split("_", 1)[1]
         free, nfe = m["rows/0/free"], m["nfe"]
         row = {
             "world": o["ckpt"].removeprefix("world:"),
-            "process": process,
+            "process": group.process,
             "model": "oracle",
-            "sampler": o["sampler"] + ("_l2r" if o.get("sampler.block_length") == "1" else ""),
-            "steps": None
-            if process == "autoregressive" or "sampler.block_length" in o
-            else int(o["steps"]),
+            "group": name,
+            "sampler": o["sampler"] + group.tag,
+            "steps": None if group.stepless else int(o["steps"]),
             "task": task,
             "free": int(free),
             "nfe": nfe,
             "tokens_per_call": free / nfe,
+            "exact_rule": name in EXACT,
+            "supported": group.process not in LEFT_ONLY or task == "continuation",
         }
-        row |= {k: m[f"rows/0/{k}"] for k in ("kl_rate", "kl_floor", "kl_floor_se")}
-        row |= {k: m[f"rows/0/{k}"] for k in ("violation_rate", "nll_cond", "nll_cond_se")}
-        row |= {"entropy_cond": m["rows/0/entropy_cond"], "tv_rate": m["rows/0/tv_rate"]}
-        if process == "gaussian":
+        keys = ("kl_rate", "kl_floor", "kl_floor_se", "violation_rate", "nll_cond", "nll_cond_se",
+                "entropy_cond", "tv_rate")  # fmt: skip
+        row = finite(row | {k: m[f"rows/0/{k}"] for k in keys})
+        if group.process == "gaussian":
             row["prompt_view"] = o["process.prompt_view"]
+        if group.process == "block":
+            row["layout"] = "unshifted" if "process.shift" in o else "shifted, with its tail"
         row["at_floor"] = at_floor(row)
         out.append(row)
     order = {(w, t): i for i, (w, t) in enumerate((w, t) for w in TASKS for t in TASKS[w])}
-    procs = list(SAMPLERS)
+    procs = list(dict.fromkeys(g.process for g in GROUPS.values()))
     return sorted(
         out,
         key=lambda r: (order[(r["world"], r["task"])], procs.index(r["process"]),
-                       r["sampler"], r.get("prompt_view", ""), r["steps"] or 0),
+                       r["exact_rule"], r["sampler"], r.get("prompt_view", ""), r["steps"] or 0),
     )  # fmt: skip
 
 
@@ -261,135 +293,6 @@ def infill_rows(found: dict) -> list[dict]:
             row |= {"sampler": report["sampler"], "steps": report["steps"], "task": "task_infill"}
             out.append(row | {k: r.get(k) for k in keep})
     return out
-
-
-def goals(rows: list[dict]) -> dict:
-    """The issue's goals read off the rows: ``single``, the rows of masked, block and AR
-    samplers that draw (not ``GREEDY``) at one token per call or fewer, and those of them off
-    the floor; ``ode``, each gaussian ODE solver's first step count at the floor per world,
-    task and prompt view (None: not within the grid)."""
-    single = [
-        r
-        for r in rows
-        if r["process"] in ("masked", "block", "autoregressive")
-        and r["sampler"] not in GREEDY
-        and r["tokens_per_call"] <= 1
-    ]
-    ode = []
-    for world in TASKS:
-        for task in TASKS[world]:
-            firsts = {}
-            for sampler in ODE:
-                for view in VIEWS:
-                    mine = [
-                        r
-                        for r in rows
-                        if (r["world"], r["task"], r["sampler"]) == (world, task, sampler)
-                        and r.get("prompt_view") == view
-                    ]
-                    firsts[f"{sampler} {view}"] = next(
-                        (r["steps"] for r in mine if r["at_floor"]), None
-                    )
-            ode.append({"world": world, "task": task, "first_steps_at_floor": firsts})
-    return {
-        "single": [(r["world"], r["task"], r["process"], r["sampler"], r["steps"]) for r in single],
-        "single_off_floor": [
-            {
-                k: r[k]
-                for k in (
-                    "world",
-                    "task",
-                    "process",
-                    "sampler",
-                    "steps",
-                    "tokens_per_call",
-                    "kl_rate",
-                    "kl_floor",
-                    "kl_floor_se",
-                )
-            }
-            for r in single
-            if not r["at_floor"]
-        ],  # fmt: skip
-        "ode": ode,
-    }
-
-
-def goal_lines(found: dict) -> list[str]:
-    """The goals as the doc says them."""
-    single, off = found["single"], found["single_off_floor"]
-    lines = [
-        f"- **One token per call or fewer, masked, block and AR** (samplers that draw; "
-        f"{len(single)} rows): {len(single) - len(off)} at the floor" + (":" if off else "."),
-        *[
-            f"  - off: {r['world']} {r['task']}, {r['process']} {r['sampler']} @{r['steps']} "
-            f"({r['tokens_per_call']:.2f} tokens/call): KL {r['kl_rate']:.4f} against "
-            f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}"
-            for r in off
-        ],
-        "- **Gaussian ODE solvers: the first step count at the floor** (of "
-        f"{', '.join(map(str, STEPS))}; `-`: none):",
-        "",
-    ]
-    columns = ["world", "task", *found["ode"][0]["first_steps_at_floor"]] if found["ode"] else []
-    cells = [[o["world"], o["task"], *o["first_steps_at_floor"].values()] for o in found["ode"]]
-    return lines + [study.markdown_table(columns, cells)] if cells else lines
-
-
-def markdown(report: dict) -> str:
-    """The doc's generated body: the goals, then a table per world and task."""
-    lines = [
-        f"{report['num_samples']} samples per row, seed 0, each set scored against the world's "
-        "exact conditional; floor: the same estimator on as many exact conditional samples (mean "
-        f"± s.e. over {FLOOR_SETS} sets). `at floor`: KL rate ≤ floor + 2 s.d. of one set. "
-        "Tokens per call: free tokens over network calls.",
-        "",
-        "### Goals",
-        "",
-        *goal_lines(report["goals"]),
-    ]
-    for world in TASKS:
-        for task in TASKS[world]:
-            mine = [r for r in report["rows"] if (r["world"], r["task"]) == (world, task)]
-            if not mine:
-                continue
-            fixed = json.dumps(TASKS[world][task])
-            lines += ["", f"### {world}: {task} (`{fixed}`, {mine[0]['free']} free tokens)", ""]
-            cells = [
-                [r["process"], r["sampler"], r.get("prompt_view", "-"), r["steps"] or "-",
-                 r["tokens_per_call"], r["kl_rate"],
-                 f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}", r["violation_rate"],
-                 f"{r['nll_cond'] - r['entropy_cond']:+.3f} ± {r['nll_cond_se']:.3f}",
-                 "yes" if r["at_floor"] else "no"]
-                for r in mine
-            ]  # fmt: skip
-            columns = ["process", "sampler", "prompt view", "steps", "tokens/call", "KL rate",
-                       "floor ± s.e.", "violations", "NLL − entropy", "at floor"]  # fmt: skip
-            lines.append(study.markdown_table(columns, cells))
-    infill = report["task_infill"]
-    if infill:
-        lines += [
-            "",
-            f"### `task=infill` on exact world samples ({INFILL_CASES} cases, {INFILL_STEPS} "
-            "steps, each process's default sampler)",
-            "",
-            "Measured token accuracy and span exact-match (± s.e. over the cases) beside the exact "
-            "conditional's: what an exact sampler averages, and the best token accuracy of any "
-            "infill.",
-            "",
-        ]
-        cells = [
-            [r["world"], r["process"], r["sampler"], r["span"],
-             f"{r['token_accuracy']:.3f} ± {r['token_accuracy_se']:.3f}",
-             r["exact_token_accuracy"], r["best_token_accuracy"],
-             f"{r['span_exact']:.3f} ± {r['span_exact_se']:.3f}", r["exact_span_exact"],
-             r["fixed_intact"]]
-            for r in infill
-        ]  # fmt: skip
-        columns = ["world", "process", "sampler", "span", "token accuracy", "exact sampler's",
-                   "best", "span exact", "exact sampler's", "fixed intact"]  # fmt: skip
-        lines.append(study.markdown_table(columns, cells))
-    return "\n".join(lines) + "\n"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -422,9 +325,11 @@ def main() -> None:
         run_learned(args.folder, models, args.num_samples, args.learned_steps, cdlm_eval)
     found = study.table(args.folder, *args.models)
     rows = oracle_rows(found)
-    report = {"num_samples": args.num_samples, "rows": rows, "goals": goals(rows)}
+    settings = {"num_samples": args.num_samples, "floor_sets": FLOOR_SETS, "steps": STEPS}
+    settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
+    report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
     report["task_infill"] = infill_rows(found)
-    body = markdown(report)
+    body = doc.markdown(report)
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
     if models:
         body += learned_report(report, found, models, rows)
@@ -444,7 +349,8 @@ LEARNED_TRAIN = (
 def learned_report(report: dict, found: dict, models: list[dict], oracle: list[dict]) -> str:
     """Adds the learned models' rows (to ``rows``, beside the oracles'), their ``task=infill``
     rows and goals to ``report``; returns their part of the doc."""
-    mine = learned.learned_rows(found, models, at_floor)
+    mine = [finite(r) for r in learned.learned_rows(found, models)]
+    mine = [r | {"at_floor": at_floor(r)} for r in mine]
     report["rows"] = oracle + mine
     report["learned_task_infill"] = learned.learned_infill_rows(found, models)
     view, violation = learned.view_goal(mine), learned.violation_goal(mine)

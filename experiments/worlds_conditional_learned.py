@@ -113,8 +113,9 @@ def model_of(ckpt: str, found: list[dict]) -> dict:
     return next(m for m in found if m["folder"] == str(Path(ckpt).resolve()))
 
 
-def learned_rows(evals: dict, found: list[dict], at_floor) -> list[dict]:
-    """One row per finished conditional job of the learned models (each seed its own row)."""
+def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
+    """One row per finished conditional job of the learned models (each seed its own row; an
+    infinite KL rate stays infinite here)."""
     out = []
     for job in study.rows(evals):
         o, m = job["overrides"], job["metrics"]
@@ -139,11 +140,10 @@ def learned_rows(evals: dict, found: list[dict], at_floor) -> list[dict]:
             "tokens_per_call": free / nfe,
         }
         for key in ("kl_rate", "kl_floor", "kl_floor_se", "violation_rate", "nll_cond",
-                    "nll_cond_se", "entropy_cond", "tv_rate"):  # fmt: skip
+                    "nll_cond_se", "entropy_cond", "tv_rate", "kl_rate_possible"):  # fmt: skip
             row[key] = m[f"rows/0/{key}"]
         if process == "gaussian":
             row["prompt_view"] = config["process"]["prompt_view"]
-        row["at_floor"] = at_floor(row)
         out.append(row)
     return sorted(out, key=lambda r: (r["world"], r["task"], list(RECIPES).index(r["recipe"]),
                                       r["steps"] or 0, r["seed"]))  # fmt: skip
@@ -175,7 +175,8 @@ def spread(rows: list[dict], key: str) -> dict:
 def view_goal(rows: list[dict]) -> list[dict]:
     """Per world and step count: the learned gaussian continuation's KL rate, clean and noised
     (mean ± s.e. over the seeds), and whether clean is lower by at least 2 s.e. of the
-    difference."""
+    difference. Where a set's KL is infinite (a sample the conditional rules out), the KL over
+    the samples it allows (``kl_rate_possible``) is compared instead, violations beside it."""
     out = []
     for world in sorted({r["world"] for r in rows}, reverse=True):
         steps = sorted({r["steps"] for r in rows if r["process"] == "gaussian"})
@@ -186,15 +187,18 @@ def view_goal(rows: list[dict]) -> list[dict]:
                 if (r["world"], r["task"], r["process"], r["steps"])
                 == (world, "continuation", "gaussian", n)
             ]
-            by = {v: spread([r for r in mine if r["prompt_view"] == v], "kl_rate")
-                  for v in ("clean", "noised")}  # fmt: skip
-            if min(b["sets"] for b in by.values()) < 2:
+            views = {v: [r for r in mine if r["prompt_view"] == v] for v in ("clean", "noised")}
+            if min(len(v) for v in views.values()) < 2:
                 continue
+            finite = all(r["kl_rate"] is not None for r in mine)
+            key = "kl_rate" if finite else "kl_rate_possible"
+            by = {v: spread(r, key) for v, r in views.items()}
             gap = by["noised"]["mean"] - by["clean"]["mean"]
             se = math.hypot(by["noised"]["se"], by["clean"]["se"])
-            out.append({"world": world, "steps": n, "clean": by["clean"],
-                        "noised": by["noised"], "gap": gap, "gap_se": se,
-                        "met": gap >= 2 * se})  # fmt: skip
+            violations = {v: spread(r, "violation_rate")["mean"] for v, r in views.items()}
+            out.append({"world": world, "steps": n, "metric": key, "clean": by["clean"],
+                        "noised": by["noised"], "gap": gap, "gap_se": se, "met": gap >= 2 * se,
+                        "violation_rate": violations})  # fmt: skip
     return out
 
 
@@ -225,11 +229,14 @@ def goal_lines(view: list[dict], violation: dict | None) -> list[str]:
         f"**Clean against noised gaussian prompts** (continuation KL rate, mean ± s.e. over "
         f"{len(SEEDS)} sets; gap = noised − clean):"
     )
-    cells = [[v["world"], v["steps"], f"{v['clean']['mean']:.4f} ± {v['clean']['se']:.4f}",
+    cells = [[v["world"], v["steps"], v["metric"],
+              f"{v['clean']['mean']:.4f} ± {v['clean']['se']:.4f}",
               f"{v['noised']['mean']:.4f} ± {v['noised']['se']:.4f}",
-              f"{v['gap']:+.4f} ± {v['gap_se']:.4f}", "yes" if v["met"] else "no"]
+              f"{v['gap']:+.4f} ± {v['gap_se']:.4f}", "yes" if v["met"] else "no",
+              v["violation_rate"]["clean"], v["violation_rate"]["noised"]]
              for v in view]  # fmt: skip
-    columns = ["world", "steps", "clean", "noised", "gap", "gap ≥ 2 s.e."]
+    columns = ["world", "steps", "compared", "clean", "noised", "gap", "gap ≥ 2 s.e.",
+               "violations clean", "violations noised"]  # fmt: skip
     lines += ["", study.markdown_table(columns, cells) if cells else "(no rows)", ""]
     if violation is None:
         return lines + ["**Agreement bridge violations**: no rows.", ""]
@@ -266,8 +273,7 @@ def table_lines(rows: list[dict], oracle: list[dict], tasks: dict) -> list[str]:
             for r in mine:
                 o = oracles.get(key(r))
                 cells.append([r["recipe"], r["sampler"], r.get("prompt_view", "-"),
-                              r["steps"] or "-", r["tokens_per_call"], r["kl_rate"],
-                              o["kl_rate"] if o else None,
+                              r["steps"] or "-", r["tokens_per_call"], kl(r), kl(o) if o else None,
                               f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}",
                               r["violation_rate"], o["violation_rate"] if o else None,
                               f"{r['nll_cond'] - r['entropy_cond']:+.3f} ± {r['nll_cond_se']:.3f}"])  # fmt: skip
@@ -275,6 +281,11 @@ def table_lines(rows: list[dict], oracle: list[dict], tasks: dict) -> list[str]:
                        "oracle's", "floor ± s.e.", "violations", "oracle's", "NLL − entropy"]  # fmt: skip
             lines.append(study.markdown_table(columns, cells))
     return lines
+
+
+def kl(row: dict) -> object:
+    """A KL rate cell: ∞ where it is infinite (None in the row)."""
+    return "∞" if row["kl_rate"] is None else row["kl_rate"]
 
 
 def infill_lines(rows: list[dict]) -> list[str]:

@@ -175,7 +175,7 @@ def test_the_conditional_tables_grid_and_its_floor_rule(tmp_path):
             cmd = conditional.command(tmp_path, world, process, tasks, 8)
             sweep = dict(a.split("=", 1) for a in cmd[2:] if not a.startswith("hydra."))
             jobs = grid(sweep)
-            assert len(jobs) == conditional.expected_jobs(process, len(tasks)), (world, process)
+            assert len(jobs) == conditional.GROUPS[process].jobs(len(tasks)), (world, process)
     row = {"kl_rate": 0.30, "kl_floor": 0.25, "kl_floor_se": 0.01}  # one set's s.d.: 0.028
     assert conditional.at_floor(row)  # 0.05 above: within 2 s.d. (0.057)
     assert not conditional.at_floor(row | {"kl_rate": 0.31})

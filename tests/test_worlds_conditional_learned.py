@@ -51,9 +51,9 @@ def rows(world, task, recipe, values, key, steps=64, **extra):
 def test_the_prompt_view_goal_by_hand():
     learned = experiment_module("worlds_conditional_learned")
     clean = rows("chars", "continuation", "gaussian_clean_prompts", [0.10, 0.12, 0.11, 0.13],
-                 "kl_rate", prompt_view="clean")  # fmt: skip
+                 "kl_rate", prompt_view="clean", violation_rate=0.0)  # fmt: skip
     noised = rows("chars", "continuation", "gaussian", [0.14, 0.16, 0.15, 0.17], "kl_rate",
-                  prompt_view="noised")  # fmt: skip
+                  prompt_view="noised", violation_rate=0.0)  # fmt: skip
     (found,) = learned.view_goal(clean + noised)
     se = math.sqrt(0.0005 / 3 / 4)  # each view: squares of (-.015, .005, -.005, .015) sum to .0005
     assert found["gap"] == pytest.approx(0.04)
@@ -61,6 +61,11 @@ def test_the_prompt_view_goal_by_hand():
     assert found["met"]  # 0.04 against 2 x 0.0091
     close = [r | {"kl_rate": r["kl_rate"] - 0.03} for r in noised]
     assert not learned.view_goal(clean + close)[0]["met"]  # 0.01 < 2 x 0.0091
+    # an infinite KL in one set: the KL over the samples the conditional allows decides
+    ruled_out = [r | {"kl_rate_possible": r["kl_rate"] - 0.1} for r in clean + noised]
+    ruled_out[0]["kl_rate"] = None
+    (found,) = learned.view_goal(ruled_out)
+    assert found["metric"] == "kl_rate_possible" and found["gap"] == pytest.approx(0.04)
 
 
 def test_the_violation_goal_by_hand():

@@ -23,6 +23,7 @@ block's tail, ``cdlm.processes.block``).
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -152,4 +153,37 @@ def check_cache(cache: object) -> None:
         raise TypeError(
             f"cache must be a PrefixCache, a DualCache or None (no cache), got {cache!r} "
             "(on the command line: cache=prefix|dual|none)"
+        )
+
+
+def unseen_fixed(
+    x: Tensor, mask_id: int, block_size: int, lengths: list[int] | None = None
+) -> int | None:
+    """The first fixed position of ``x`` (B, L) that lies in a later block than a free
+    ([MASK]) position of its row, or None; a row's padding (at or past its ``lengths``) is not
+    fixed text. Block diffusion shows a block only the blocks before it, so that free position
+    is drawn blind to it: not from the conditional given all fixed text, which no block model
+    (learned or exact) can see."""
+    free, at = x == mask_id, torch.arange(x.shape[1], device=x.device)
+    block = at // block_size
+    first = torch.where(free, block, x.shape[1]).amin(-1, keepdim=True)
+    later = ~free & (block > first)
+    if lengths is not None:
+        later &= at < torch.tensor(lengths, device=x.device)[:, None]
+    later = later.any(0)
+    return int(later.long().argmax()) if bool(later.any()) else None
+
+
+def warn_unseen_fixed(
+    x: Tensor, mask_id: int, block_size: int, lengths: list[int] | None = None
+) -> None:
+    """A one-line warning when fixed text lies where block decoding cannot see it
+    (``unseen_fixed``): an infill's right side, a bridge's closing name."""
+    at = unseen_fixed(x, mask_id, block_size, lengths)
+    if at is not None:
+        warnings.warn(
+            f"block diffusion sees only earlier blocks: the fixed text from position {at} is "
+            "unseen by the free positions in blocks before it, so they are not drawn from the "
+            "conditional given it (infill with a masked model for that)",
+            stacklevel=3,
         )

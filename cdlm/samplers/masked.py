@@ -32,6 +32,7 @@ from torch import Tensor
 
 from cdlm import rng
 from cdlm.denoiser import Denoiser, Prediction
+from cdlm.samplers import blockwise
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, named_by_rule, register
 from cdlm.samplers.blockwise import BlockCache, Calls, DualCache, PrefixCache, check_cache
 from cdlm.samplers.masked_steps import (
@@ -188,7 +189,10 @@ def _blockwise(
     """Blocks of ``block_length`` predicted through their window: exact on a block model."""
     kv = None if cache is None else denoiser.new_cache()
     calls = Calls(denoiser, kv, x.shape[1], x.device)
-    source = Windowed(calls, cache, exact=process.block_size is not None)
+    if exact := process.block_size is not None:  # a block model sees only earlier blocks
+        lengths = generator.lengths if isinstance(generator, rng.Rows) else None  # padding
+        blockwise.warn_unseen_fixed(x, process.mask_id, block_length, lengths)
+    source = Windowed(calls, cache, exact)
     blocks = blocks_of(x.shape[1], block_length)
     grid = row_grids(timesteps, x.shape[1], block_length, steps_per_block, generator)
     return decode(rule, source, x, grid, blocks, process, generator, callback, 0.0, stop_at_eos)
