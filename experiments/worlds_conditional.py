@@ -211,7 +211,7 @@ def run_learned(
                                                          num_samples)]  # fmt: skip
     runs.sort(key=lambda r: not r[1].name.endswith("_goal"))  # stable: the goals first
     runs += [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS, INFILL_SPANS)
-             for w in TASKS]  # fmt: skip
+             for w in TASKS if any(m["world"] == w for m in models)]  # fmt: skip
     for cmd, group, jobs in runs:
         if not finished(group, jobs):
             print(" ".join(cmd), flush=True)
