@@ -88,17 +88,18 @@ GROUPS = {
     "autoregressive": Group("autoregressive", ("ar",), (64,), stepless=True,
                             continuation_only=True),
     "uniform": Group("uniform", ("duo_ancestral", "duo_psi")),
-    "gaussian": Group("gaussian", ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
-                      extra=(f"process.prompt_view={','.join(VIEWS)}",)),
     # masked ancestral left to right: one token per call whatever the steps
     "masked_l2r": Group("masked", ("ancestral",), (64,), ("sampler.block_length=1",), "_l2r",
                         stepless=True),
     # exact-k at k = 1 (cdlm.samplers.rules.ExactK): 128 steps cover every task's free tokens
     "masked_exact": Group("masked", ("exact_k",), (128,)),
     "block_exact": Group("block", ("exact_k",), (128,)),
-    "block_exact_unshifted": Group("block", ("exact_k",), (128,), UNSHIFTED, "_unshifted"),
+    "block_exact_unshifted": Group("block", ("exact_k",), (128,), UNSHIFTED),  # rows' layout
     "block_speculative": Group("block", ("speculative",), (64,), stepless=True,
                                continuation_only=True),
+    # last: the longest group (150 jobs), unchanged by the exact samplers' rows
+    "gaussian": Group("gaussian", ("ddpm", "rolling", "euler", "heun", "dpmpp_2m"),
+                      extra=(f"process.prompt_view={','.join(VIEWS)}",)),
 }  # fmt: skip
 # the groups the goal is judged on: exact by construction on an oracle (module docstring)
 EXACT = ("masked_l2r", "masked_exact", "block_exact", "block_exact_unshifted", "autoregressive",
@@ -177,8 +178,8 @@ def finished(group: Path, jobs: int) -> bool:
 
 
 def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
-    """Every world's groups, then its ``task=infill``, one after another; a group whose jobs
-    all finished is skipped."""
+    """Every world's groups and its ``task=infill`` (before the gaussian group, the longest), one
+    after another; a group whose jobs all finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for world in TASKS:
@@ -187,7 +188,8 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
              GROUPS[g].jobs(len(files[world])))
             for g in GROUPS
         ]  # fmt: skip
-        runs.append((infill_command(folder, world), "task_infill", len(INFILL_PROCESSES)))
+        infill = (infill_command(folder, world), "task_infill", len(INFILL_PROCESSES))
+        runs.insert(len(runs) - 1, infill)  # before the gaussian group, the longest
         for cmd, group, jobs in runs:
             if not finished(folder / world / group, jobs):
                 print(" ".join(cmd), flush=True)
@@ -267,13 +269,36 @@ def oracle_rows(found: dict) -> list[dict]:
             row["layout"] = "unshifted" if "process.shift" in o else "shifted, with its tail"
         row["at_floor"] = at_floor(row)
         out.append(row)
+    return ordered(out)
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """Rows by world and task, then process, the exact samplers last, sampler and steps."""
     order = {(w, t): i for i, (w, t) in enumerate((w, t) for w in TASKS for t in TASKS[w])}
     procs = list(dict.fromkeys(g.process for g in GROUPS.values()))
     return sorted(
-        out,
+        rows,
         key=lambda r: (order[(r["world"], r["task"])], procs.index(r["process"]),
                        r["exact_rule"], r["sampler"], r.get("prompt_view", ""), r["steps"] or 0),
     )  # fmt: skip
+
+
+def carried(previous: Path, rows: list[dict], infill: list[dict]) -> tuple[list, list]:
+    """``rows`` and ``infill`` with what they lack of an earlier results JSON of the same
+    settings and seed (``--previous``): a world's gaussian rows, its ``task=infill`` rows (the
+    groups this study's changes leave as they were, and the longest to rerun). Each carried row
+    names that run's commits in ``carried_from``."""
+    old = json.loads(previous.read_text(encoding="utf-8"))
+    mark = {"carried_from": old["commits"]}
+    have = {(r["world"], r["group"]) for r in rows}
+    more = []
+    for r in old["rows"]:
+        if r["process"] == "gaussian" and (r["world"], "gaussian") not in have:
+            r = finite(r | {"group": "gaussian", "exact_rule": False, "supported": True}) | mark
+            more.append(r | {"at_floor": at_floor(r)})
+    worlds = {r["world"] for r in infill}
+    infill = infill + [r | mark for r in old["task_infill"] if r["world"] not in worlds]
+    return ordered(rows + more), infill
 
 
 def infill_rows(found: dict) -> list[dict]:
@@ -312,6 +337,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the learned rows' step counts, e.g. 16,64,128",
     )  # fmt: skip
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
+    p.add_argument("--previous", type=Path, help="an earlier results JSON: see carried()")
     return p.parse_args(argv)
 
 
@@ -324,13 +350,17 @@ def main() -> None:
             run_all(args.folder, args.num_samples, cdlm_eval)
         run_learned(args.folder, models, args.num_samples, args.learned_steps, cdlm_eval)
     found = study.table(args.folder, *args.models)
-    rows = oracle_rows(found)
+    rows, infill = oracle_rows(found), infill_rows(found)
+    if args.previous:
+        rows, infill = carried(args.previous, rows, infill)
     settings = {"num_samples": args.num_samples, "floor_sets": FLOOR_SETS, "steps": STEPS}
     settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
     report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
-    report["task_infill"] = infill_rows(found)
+    report["task_infill"] = infill
     body = doc.markdown(report)
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
+    if args.previous:
+        commands[0] += f" --previous {args.previous}"
     if models:
         body += learned_report(report, found, models, rows)
         steps = ",".join(map(str, args.learned_steps))

@@ -12,6 +12,7 @@ GREEDY = ("confidence",)  # argmax decoders: no draw from the conditional, so no
 ODE = ("euler", "heun", "dpmpp_2m")  # the probability-flow ODE solvers (cdlm/samplers/ode.py)
 VIEWS = ("clean", "noised")
 UNSUPPORTED = "not supported: block sees only earlier blocks"
+CARRIED = " †"  # a row carried from an earlier run (``worlds_conditional.carried``)
 GOAL_KEYS = ("world", "task", "process", "sampler", "layout", "steps", "tokens_per_call",
              "kl_rate", "kl_floor", "kl_floor_se", "violation_rate")  # fmt: skip
 
@@ -112,7 +113,8 @@ def per_call(r: dict) -> str:
 
 def task_table(mine: list[dict]) -> str:
     cells = [
-        [r["process"], r["sampler"], r.get("prompt_view") or r.get("layout") or "-",
+        [r["process"], r["sampler"] + CARRIED * ("carried_from" in r),
+         r.get("prompt_view") or r.get("layout") or "-",
          r["steps"] or "-", r["tokens_per_call"], per_call(r),
          kl(r) if r["supported"] else f"{kl(r)} ({UNSUPPORTED})",
          f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}", r["violation_rate"],
@@ -138,7 +140,7 @@ def infill_table(report: dict) -> list[str]:
         "",
     ]
     cells = [
-        [r["world"], r["process"], r["sampler"], r["span"],
+        [r["world"], r["process"], r["sampler"] + CARRIED * ("carried_from" in r), r["span"],
          f"{r['token_accuracy']:.3f} ± {r['token_accuracy_se']:.3f}",
          r["exact_token_accuracy"], r["best_token_accuracy"],
          f"{r['span_exact']:.3f} ± {r['span_exact_se']:.3f}", r["exact_span_exact"],
@@ -148,6 +150,21 @@ def infill_table(report: dict) -> list[str]:
     columns = ["world", "process", "sampler", "span", "token accuracy", "exact sampler's",
                "best", "span exact", "exact sampler's", "fixed intact"]  # fmt: skip
     return [*lines, study.markdown_table(columns, cells)]
+
+
+def carried_note(report: dict) -> list[str]:
+    """A line naming the earlier run that rows marked † come from, if any."""
+    runs = {tuple(r["carried_from"]) for r in report["rows"] + report["task_infill"]
+            if "carried_from" in r}  # fmt: skip
+    return (
+        [
+            "",
+            f"Rows marked †: carried unchanged from the earlier run at commits "
+            f"{', '.join(f'`{c[:7]}`' for c in commits)} (same settings and seed), not rerun here.",
+        ]
+        if (commits := sorted({c for run in runs for c in run}))
+        else []
+    )
 
 
 def markdown(report: dict) -> str:
@@ -162,6 +179,7 @@ def markdown(report: dict) -> str:
         "sample falls where the exact conditional puts no mass (null in the JSON, the key named "
         "in the row's `infinite`). Block layouts: shifted, with its tail (`process.sees_last`, "
         "the default) or unshifted.",
+        *carried_note(report),
         "",
         "### Goals",
         "",

@@ -66,3 +66,29 @@ def test_the_goal_counts_exact_samplers_apart_from_on_average_ones_and_unsupport
     table = doc.task_table([rows[5]])
     assert "∞ (not supported: block sees only earlier blocks)" in table
     assert doc.per_call(rows[0]) == "exactly" and doc.per_call(rows[3]) == "on average"
+
+
+def test_an_earlier_runs_gaussian_and_infill_rows_fill_only_what_the_folder_lacks(tmp_path):
+    """``--previous``: a world's gaussian rows and task=infill rows come from the earlier JSON
+    only where the folder has none, marked with its commits (an infinite KL made null)."""
+    old_rows = [
+        row(world=w, process="gaussian", sampler="ddpm", prompt_view="clean", kl_rate=k)
+        for w, k in (("chars", 0.9), ("agreement", math.inf))
+    ]
+    old_infill = [{"world": w, "process": "masked", "span": 1} for w in ("chars", "agreement")]
+    for r, k in zip(old_rows, (0.9, math.inf), strict=True):
+        r.pop("infinite")
+        r["kl_rate"] = k  # the earlier JSON's Infinity
+    previous = tmp_path / "old.json"
+    previous.write_text(json.dumps({"commits": ["abc"], "rows": old_rows,
+                                    "task_infill": old_infill}))  # fmt: skip
+    here = [row(group="gaussian", process="gaussian", sampler="ddpm", prompt_view="clean",
+                exact_rule=False)]  # fmt: skip
+    infill = [{"world": "chars", "process": "masked", "span": 1}]
+    rows, infill = conditional.carried(previous, here, infill)
+    (new,) = [r for r in rows if "carried_from" in r]
+    assert new["world"] == "agreement" and new["carried_from"] == ["abc"]
+    assert new["kl_rate"] is None and new["infinite"] == ["kl_rate"] and not new["at_floor"]
+    assert [r["world"] for r in infill if "carried_from" in r] == ["agreement"]
+    table = doc.carried_note({"rows": rows, "task_infill": infill})
+    assert "`abc`" in "".join(table)
