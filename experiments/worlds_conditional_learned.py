@@ -42,6 +42,7 @@ def seeds(num_samples: int) -> list[int]:
     return [k * num_samples for k in range(SETS)]
 
 
+COMPARED = ("kl_rate", "kl_rate_possible", "violation_rate")  # the view goal's figure, in turn
 INFILL_RECIPES = (*DIFFUSION, "autoregressive_fim")  # task=infill: those that take a gap
 
 
@@ -184,7 +185,8 @@ def view_goal(rows: list[dict]) -> list[dict]:
     """Per world and step count: the learned gaussian continuation's KL rate, clean and noised
     (mean ± s.e. over the seeds), and whether clean is lower by at least 2 s.e. of the
     difference. Where a set's KL is infinite (a sample the conditional rules out), the KL over
-    the samples it allows (``kl_rate_possible``) is compared instead, violations beside it."""
+    the samples it allows (``kl_rate_possible``) is compared instead, and where it allows none
+    of a set's samples, the violation rate (``COMPARED``)."""
     out = []
     for world in sorted({r["world"] for r in rows}, reverse=True):
         steps = sorted({r["steps"] for r in rows if r["process"] == "gaussian"})
@@ -198,8 +200,7 @@ def view_goal(rows: list[dict]) -> list[dict]:
             views = {v: [r for r in mine if r["prompt_view"] == v] for v in ("clean", "noised")}
             if min(len(v) for v in views.values()) < 2:
                 continue
-            finite = all(r["kl_rate"] is not None for r in mine)
-            key = "kl_rate" if finite else "kl_rate_possible"
+            key = next(k for k in COMPARED if all(r[k] is not None for r in mine))
             by = {v: spread(r, key) for v, r in views.items()}
             gap = by["noised"]["mean"] - by["clean"]["mean"]
             se = math.hypot(by["noised"]["se"], by["clean"]["se"])

@@ -68,6 +68,12 @@ def test_the_prompt_view_goal_by_hand():
     ruled_out[0]["kl_rate"] = None
     (found,) = learned.view_goal(ruled_out)
     assert found["metric"] == "kl_rate_possible" and found["gap"] == pytest.approx(0.04)
+    for r in ruled_out:  # none allowed in one set: the violation rates decide
+        r["violation_rate"] = 0.5 if r["prompt_view"] == "noised" else 0.1 + 0.01 * r["seed"]
+    ruled_out[1]["kl_rate_possible"] = None
+    (found,) = learned.view_goal(ruled_out)
+    assert found["metric"] == "violation_rate" and found["met"]
+    assert found["gap"] == pytest.approx(0.5 - 0.115)
 
 
 def test_the_violation_goal_by_hand():
