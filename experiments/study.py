@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from cdlm.io import atomic_write_text
 from cdlm.run import logs
 from cdlm.run.table import collect
@@ -53,6 +55,12 @@ def table(*folders: Path) -> dict:
     for row in found["rows"]:
         row["folder"] = str(roots[0] / row["job"]) if len(roots) == 1 else row["job"]
     return found
+
+
+def sweep_command(sweep: Path) -> str:
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``)."""
+    made = OmegaConf.load(Path(sweep) / "multirun.yaml").hydra.overrides
+    return "cdlm-train -m " + " ".join(str(o) for o in [*made.task, *made.hydra])
 
 
 def rows(found: dict, status: str = "finished") -> list[dict]:

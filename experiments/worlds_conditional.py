@@ -365,15 +365,11 @@ def main() -> None:
         body += learned_report(report, found, models, rows)
         steps = ",".join(map(str, args.learned_steps))
         models_arg = " ".join(map(str, args.models))
-        commands = [LEARNED_TRAIN, f"{commands[0]} --models {models_arg} --learned-steps {steps}"]
+        evaluate = f"{commands[0]} --models {models_arg} --learned-steps {steps}"
+        commands = [*(study.sweep_command(m) for m in args.models), evaluate]
     title = "Conditioning scored against a world's exact conditional (issue 50)"
     path = study.write("worlds_conditional", title, body, report, commands, found, args.results)
     print(path.read_text())
-
-
-LEARNED_TRAIN = (
-    "cdlm-train -m experiment=worlds_conditional hydra/launcher=joblib hydra.launcher.n_jobs=1"
-)
 
 
 def learned_report(report: dict, found: dict, models: list[dict], oracle: list[dict]) -> str:

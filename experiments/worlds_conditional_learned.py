@@ -285,11 +285,19 @@ def table_lines(rows: list[dict], oracle: list[dict], tasks: dict) -> list[str]:
                               r["steps"] or "-", r["tokens_per_call"], kl(r), kl(o) if o else None,
                               f"{r['kl_floor']:.4f} ± {r['kl_floor_se']:.4f}",
                               r["violation_rate"], o["violation_rate"] if o else None,
-                              f"{r['nll_cond'] - r['entropy_cond']:+.3f} ± {r['nll_cond_se']:.3f}"])  # fmt: skip
+                              excess_nll(r)])  # fmt: skip
             columns = ["model", "sampler", "prompt view", "steps", "tokens/call", "KL rate",
                        "oracle's", "floor ± s.e.", "violations", "oracle's", "NLL − entropy"]  # fmt: skip
             lines.append(study.markdown_table(columns, cells))
     return lines
+
+
+def excess_nll(row: dict) -> str:
+    """NLL − entropy ± s.e. (bits per free token); a dash where no sample is allowed."""
+    if row["nll_cond"] is None:
+        return "-"
+    se = "-" if row["nll_cond_se"] is None else f"{row['nll_cond_se']:.3f}"
+    return f"{row['nll_cond'] - row['entropy_cond']:+.3f} ± {se}"
 
 
 def kl(row: dict) -> object:
