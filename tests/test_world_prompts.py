@@ -4,6 +4,7 @@ process that cannot hold a prompt is refused."""
 
 from __future__ import annotations
 
+import copy
 import math
 from itertools import islice
 
@@ -99,3 +100,18 @@ def test_a_world_run_trains_on_prompts_and_fim_is_refused(tmp_path, monkeypatch,
             f"hydra.run.dir={tmp_path / 'fim'}",
         )
     assert "need process.fim_rate=0" in capsys.readouterr().err
+
+
+def test_a_world_speaks_a_tokenizer_with_fim_sentinels_only_when_allowed():
+    """An AR-FIM model's tokenizer is the world's plus the four sentinels: scored by the world
+    (``world_of``) when they are allowed, refused with any other added token."""
+    from cdlm.processes import fim
+    from cdlm.worlds import load
+
+    world = load("world:agreement")
+    tokenizer = copy.deepcopy(world.tokenizer)
+    fim.add_tokens(tokenizer)
+    assert world.speaks(world.tokenizer) and not world.speaks(tokenizer)
+    assert world.speaks(tokenizer, extra=fim.TOKENS)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<other>"]})
+    assert not world.speaks(tokenizer, extra=fim.TOKENS)
