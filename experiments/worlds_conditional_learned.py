@@ -206,7 +206,7 @@ def view_goal(rows: list[dict]) -> list[dict]:
             se = math.hypot(by["noised"]["se"], by["clean"]["se"])
             violations = {v: spread(r, "violation_rate")["mean"] for v, r in views.items()}
             out.append({"world": world, "steps": n, "metric": key, "clean": by["clean"],
-                        "noised": by["noised"], "gap": gap, "gap_se": se, "met": gap >= 2 * se,
+                        "noised": by["noised"], "gap": gap, "gap_se": se, "met": gap > 0 and gap >= 2 * se,
                         "violation_rate": violations})  # fmt: skip
     return out
 
@@ -228,7 +228,7 @@ def violation_goal(rows: list[dict]) -> dict | None:
     best, ar = min(diffusion, key=lambda t: t["mean"]), fim[0]
     gap, se = ar["mean"] - best["mean"], math.hypot(ar["se"], best["se"])
     return {"rows": table, "best": best, "fim": ar, "gap": gap, "gap_se": se,
-            "met": gap >= 2 * se}  # fmt: skip
+            "met": gap > 0 and gap >= 2 * se}  # fmt: skip
 
 
 def goal_lines(view: list[dict], violation: dict | None) -> list[str]:

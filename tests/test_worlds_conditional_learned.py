@@ -74,6 +74,9 @@ def test_the_prompt_view_goal_by_hand():
     (found,) = learned.view_goal(ruled_out)
     assert found["metric"] == "violation_rate" and found["met"]
     assert found["gap"] == pytest.approx(0.5 - 0.115)
+    for r in ruled_out:  # every sample ruled out in both views: no gap, no goal
+        r["violation_rate"] = 1.0
+    assert not learned.view_goal(ruled_out)[0]["met"]
 
 
 def test_the_violation_goal_by_hand():
