@@ -285,15 +285,19 @@ def ordered(rows: list[dict]) -> list[dict]:
 
 def carried(previous: Path, rows: list[dict], infill: list[dict]) -> tuple[list, list]:
     """``rows`` and ``infill`` with what they lack of an earlier results JSON of the same
-    settings and seed (``--previous``): a world's gaussian rows, its ``task=infill`` rows (the
-    groups this study's changes leave as they were, and the longest to rerun). Each carried row
-    names that run's commits in ``carried_from``."""
+    settings and seed (``--previous``): gaussian rows, and a world's ``task=infill`` rows (the
+    groups this study's changes leave as they were, and the longest to rerun), where the folder
+    has no job of theirs. Each carried row names that run's commits in ``carried_from``."""
     old = json.loads(previous.read_text(encoding="utf-8"))
     mark = {"carried_from": old["commits"]}
-    have = {(r["world"], r["group"]) for r in rows}
+
+    def key(r: dict) -> tuple:
+        return r["world"], r["task"], r["sampler"], r.get("prompt_view"), r["steps"]
+
+    have = {key(r) for r in rows}
     more = []
     for r in old["rows"]:
-        if r["process"] == "gaussian" and (r["world"], "gaussian") not in have:
+        if r["process"] == "gaussian" and key(r) not in have:
             r = finite(r | {"group": "gaussian", "exact_rule": False, "supported": True}) | mark
             more.append(r | {"at_floor": at_floor(r)})
     worlds = {r["world"] for r in infill}
