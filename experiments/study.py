@@ -58,9 +58,12 @@ def table(*folders: Path) -> dict:
 
 
 def sweep_command(sweep: Path) -> str:
-    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``)."""
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``), its
+    sweep folder named as given (a results header names no machine path)."""
     made = OmegaConf.load(Path(sweep) / "multirun.yaml").hydra.overrides
-    return "cdlm-train -m " + " ".join(str(o) for o in [*made.task, *made.hydra])
+    named = [f"hydra.sweep.dir={sweep}" if str(o).startswith("hydra.sweep.dir=") else str(o)
+             for o in [*made.task, *made.hydra]]  # fmt: skip
+    return "cdlm-train -m " + " ".join(named)
 
 
 def rows(found: dict, status: str = "finished") -> list[dict]:
