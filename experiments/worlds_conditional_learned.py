@@ -117,9 +117,12 @@ def infill_command(
     return cmd, group, len(ckpts)
 
 
-def model_of(ckpt: str, found: list[dict]) -> dict:
-    """The model (of ``models``) whose folder ``ckpt`` is."""
-    return next(m for m in found if m["folder"] == str(Path(ckpt).resolve()))
+def model_of(ckpt: str | None, found: list[dict]) -> dict | None:
+    """The model (of ``models``) whose folder ``ckpt`` is; None for an oracle (``world:``) or
+    a training job (no ``ckpt``)."""
+    if ckpt is None or ckpt.startswith("world:"):
+        return None
+    return next((m for m in found if m["folder"] == str(Path(ckpt).resolve())), None)
 
 
 def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
@@ -128,9 +131,9 @@ def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
     out = []
     for job in study.rows(evals):
         o, m = job["overrides"], job["metrics"]
-        if "rows/0/kl_rate" not in m:
+        model = model_of(o.get("ckpt"), found)
+        if "rows/0/kl_rate" not in m or model is None:
             continue
-        model = model_of(o["ckpt"], found)
         recipe = model["recipe"]
         process, sampler, _ = RECIPES[recipe]
         free, nfe = m["rows/0/free"], m["nfe"]
@@ -162,11 +165,11 @@ def learned_infill_rows(evals: dict, found: list[dict]) -> list[dict]:
     """One row per span of each learned model's finished ``task=infill`` job."""
     out = []
     for job in study.rows(evals):
-        if job["overrides"].get("task") != "infill":
+        model = model_of(job["overrides"].get("ckpt"), found)
+        if job["overrides"].get("task") != "infill" or model is None:
             continue
         (path,) = Path(job["folder"]).glob("*eval_task_infill.json")
         report = json.loads(path.read_text())
-        model = model_of(job["overrides"]["ckpt"], found)
         for r in report["rows"]:
             row = {"world": model["world"], "process": report["process"], "model": "learned"}
             row |= {"recipe": model["recipe"], "sampler": report["sampler"]}
