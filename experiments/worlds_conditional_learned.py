@@ -33,6 +33,9 @@ RECIPES = {
     "autoregressive_fim": ("autoregressive", "ar", None),
 }
 DIFFUSION = ("gaussian", "gaussian_clean_prompts", "masked", "block_default")
+# the diffusion models that read fixed text on both sides: block reads only the blocks before
+# its current one, so a bridge's closing name is invisible to it (its infills are unsupported)
+BOTH_SIDES = ("gaussian", "gaussian_clean_prompts", "masked")
 SETS = 4  # sample sets of the goals' rows (the first set's in the table)
 
 
@@ -216,7 +219,8 @@ def view_goal(rows: list[dict]) -> list[dict]:
 
 def violation_goal(rows: list[dict]) -> dict | None:
     """The agreement bridge: each learned model's violation rate per step count (mean ± s.e.
-    over the seeds' sets), the best diffusion row, AR-FIM's, and whether the best breaks fewer
+    over the seeds' sets), the best row of a diffusion model that reads both sides
+    (``BOTH_SIDES``), AR-FIM's, and whether the best breaks fewer
     agreements by at least 2 s.e. of the difference."""
     bridge = [r for r in rows if (r["world"], r["task"]) == ("agreement", "bridge")]
     cells = {}
@@ -224,7 +228,7 @@ def violation_goal(rows: list[dict]) -> dict | None:
         cells.setdefault((r["recipe"], r["steps"]), []).append(r)
     table = [{"recipe": k[0], "steps": k[1], **spread(v, "violation_rate")}
              for k, v in cells.items() if len(v) > 1]  # fmt: skip
-    diffusion = [t for t in table if t["recipe"] in DIFFUSION]
+    diffusion = [t for t in table if t["recipe"] in BOTH_SIDES]
     fim = [t for t in table if t["recipe"] == "autoregressive_fim"]
     if not diffusion or not fim:
         return None
@@ -253,7 +257,7 @@ def goal_lines(view: list[dict], violation: dict | None) -> list[str]:
     if violation is None:
         return lines + ["**Agreement bridge violations**: no rows.", ""]
     lines.append(
-        f"**Agreement bridge violations** (mean ± s.e. over {SETS} sets; best diffusion "
+        f"**Agreement bridge violations** (mean ± s.e. over {SETS} sets; best diffusion model reading both sides, "
         f"row: {violation['best']['recipe']} @{violation['best']['steps']}, "
         f"{violation['best']['mean']:.3f} ± {violation['best']['se']:.3f}; AR-FIM "
         f"{violation['fim']['mean']:.3f} ± {violation['fim']['se']:.3f}; AR-FIM − best "

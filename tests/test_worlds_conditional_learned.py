@@ -82,7 +82,8 @@ def test_the_prompt_view_goal_by_hand():
 def test_the_violation_goal_by_hand():
     learned = experiment_module("worlds_conditional_learned")
     masked = rows("agreement", "bridge", "masked", [0.0, 0.02, 0.0, 0.02], "violation_rate")
-    block = rows("agreement", "bridge", "block_default", [0.1, 0.1, 0.1, 0.1], "violation_rate")
+    # block cannot see the closing name: never the best, however few its violations
+    block = rows("agreement", "bridge", "block_default", [0.0, 0.0, 0.0, 0.0], "violation_rate")
     fim = rows("agreement", "bridge", "autoregressive_fim", [0.2, 0.3, 0.2, 0.3],
                "violation_rate", steps=None)  # fmt: skip
     found = learned.violation_goal(masked + block + fim)
