@@ -257,8 +257,9 @@ def goal_lines(view: list[dict], violation: dict | None) -> list[str]:
     if violation is None:
         return lines + ["**Agreement bridge violations**: no rows.", ""]
     lines.append(
-        f"**Agreement bridge violations** (mean ± s.e. over {SETS} sets; best diffusion model reading both sides, "
-        f"row: {violation['best']['recipe']} @{violation['best']['steps']}, "
+        f"**Agreement bridge violations** (mean ± s.e. over {SETS} sets; the best diffusion "
+        f"model that reads both sides: {violation['best']['recipe']} "
+        f"@{violation['best']['steps']}, "
         f"{violation['best']['mean']:.3f} ± {violation['best']['se']:.3f}; AR-FIM "
         f"{violation['fim']['mean']:.3f} ± {violation['fim']['se']:.3f}; AR-FIM − best "
         f"{violation['gap']:+.3f} ± {violation['gap_se']:.3f}: goal "
