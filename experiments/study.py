@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from cdlm.evaluation.world_score import finite_row
 from cdlm.io import atomic_write_text
 from cdlm.run import logs
@@ -55,6 +57,15 @@ def table(*folders: Path) -> dict:
     for row in found["rows"]:
         row["folder"] = str(roots[0] / row["job"]) if len(roots) == 1 else row["job"]
     return found
+
+
+def sweep_command(sweep: Path) -> str:
+    """The ``cdlm-train -m`` command that made a sweep folder (Hydra's ``multirun.yaml``), its
+    sweep folder named as given (a results header names no machine path)."""
+    made = OmegaConf.load(Path(sweep) / "multirun.yaml").hydra.overrides
+    named = [f"hydra.sweep.dir={sweep}" if str(o).startswith("hydra.sweep.dir=") else str(o)
+             for o in [*made.task, *made.hydra]]  # fmt: skip
+    return "cdlm-train -m " + " ".join(named)
 
 
 def rows(found: dict, status: str = "finished") -> list[dict]:

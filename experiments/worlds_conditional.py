@@ -20,6 +20,10 @@ Two kinds of sampler decide about one token per call. Those that decide *exactly
 conditional by construction on an oracle, as does speculative decoding (its drafts verified
 against the AR pass): the issue's goal is judged on these. The rest (ancestral, ReMDM, block's
 MDLM rule) decide one *on average*, several at once on some steps, and are kept beside them.
+
+With ``--models`` (the ``experiment=worlds_conditional`` training sweep), every learned model
+there is sampled too, into ``<folder>/learned/<world>/<recipe>``, and its rows (``model:
+learned``) stand beside the oracles' (``worlds_conditional_learned``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import study
 import worlds_conditional_doc as doc
+import worlds_conditional_learned as learned
 
 from cdlm.evaluation.world_score import finite_row
 
@@ -193,6 +198,30 @@ def run_all(folder: Path, num_samples: int, cdlm_eval: str) -> None:
                 subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
 
 
+def is_oracle(job: dict) -> bool:
+    """Whether a job sampled a world's oracle (``ckpt=world:<name>``), not a learned model."""
+    return job["overrides"]["ckpt"].startswith("world:")
+
+
+def run_learned(
+    folder: Path, models: list[dict], num_samples: int, steps: tuple[int, ...], cdlm_eval: str
+) -> None:
+    """Every learned model's ``cdlm-eval -m`` jobs (``learned.commands``; the goals' groups of
+    every model first), then each world's ``task=infill`` over them; a group whose jobs all
+    finished is skipped."""
+    files = prompt_files(folder)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    runs = [r for m in models for r in learned.commands(folder, m, files[m["world"]], steps,
+                                                         num_samples)]  # fmt: skip
+    runs.sort(key=lambda r: not r[1].name.endswith("_goal"))  # stable: the goals first
+    runs += [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS, INFILL_SPANS)
+             for w in TASKS if any(m["world"] == w for m in models)]  # fmt: skip
+    for cmd, group, jobs in runs:
+        if not finished(group, jobs):
+            print(" ".join(cmd), flush=True)
+            subprocess.run([cdlm_eval, *cmd[1:]], check=True, env=env)
+
+
 def at_floor(row: dict) -> bool:
     """The KL rate within two s.d. of one exact set above the floor (an infinite KL, None in
     the row, is not)."""
@@ -207,7 +236,7 @@ def oracle_rows(found: dict) -> list[dict]:
     out = []
     for job in study.rows(found):
         o, m = job["overrides"], job["metrics"]
-        if "rows/0/kl_floor" not in m:  # a task=infill job: infill_rows
+        if "rows/0/kl_floor" not in m or not is_oracle(job):  # task=infill: infill_rows
             continue
         name = Path(job["folder"]).parent.name
         group, task = GROUPS[name], Path(o["prompts"]).stem.split("_", 1)[1]
@@ -276,7 +305,7 @@ def infill_rows(found: dict) -> list[dict]:
     """One row per span of each finished ``task=infill`` job (its report beside it)."""
     out = []
     for job in study.rows(found):
-        if job["overrides"].get("task") != "infill":
+        if job["overrides"].get("task") != "infill" or not is_oracle(job):
             continue
         (path,) = Path(job["folder"]).glob("*eval_task_infill.json")
         report = json.loads(path.read_text())
@@ -295,7 +324,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path, help="the study's sweep folder")
     p.add_argument("--run", action="store_true", help="run the cdlm-eval jobs first")
+    p.add_argument(
+        "--skip-oracles", action="store_true", help="with --run: run the learned jobs only"
+    )
     p.add_argument("--num-samples", type=int, default=NUM_SAMPLES)
+    p.add_argument(
+        "--models", type=Path, nargs="*", default=[],
+        help="experiment=worlds_conditional sweep folders: their models' learned rows",
+    )  # fmt: skip
+    p.add_argument(
+        "--learned-steps", type=lambda v: tuple(map(int, v.split(","))), default=STEPS,
+        help="the learned rows' step counts, e.g. 16,64,128",
+    )  # fmt: skip
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
     p.add_argument("--previous", type=Path, help="an earlier results JSON: see carried()")
     return p.parse_args(argv)
@@ -303,10 +343,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    models = learned.models(*args.models)
     if args.run:
         cdlm_eval = str(Path(sys.executable).with_name("cdlm-eval"))
-        run_all(args.folder, args.num_samples, cdlm_eval)
-    found = study.table(args.folder)
+        if not args.skip_oracles:
+            run_all(args.folder, args.num_samples, cdlm_eval)
+        run_learned(args.folder, models, args.num_samples, args.learned_steps, cdlm_eval)
+    found = study.table(args.folder, *args.models)
     rows, infill = oracle_rows(found), infill_rows(found)
     if args.previous:
         rows, infill = carried(args.previous, rows, infill)
@@ -314,13 +357,32 @@ def main() -> None:
     settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
     report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
     report["task_infill"] = infill
+    body = doc.markdown(report)
     commands = [f"python experiments/worlds_conditional.py {args.folder} --run"]
     if args.previous:
         commands[0] += f" --previous {args.previous}"
+    if models:
+        body += learned_report(report, found, models, rows)
+        steps = ",".join(map(str, args.learned_steps))
+        models_arg = " ".join(map(str, args.models))
+        evaluate = f"{commands[0]} --models {models_arg} --learned-steps {steps}"
+        commands = [*(study.sweep_command(m) for m in args.models), evaluate]
     title = "Conditioning scored against a world's exact conditional (issue 50)"
-    path = study.write("worlds_conditional", title, doc.markdown(report), report, commands, found,
-                       args.results)  # fmt: skip
+    path = study.write("worlds_conditional", title, body, report, commands, found, args.results)
     print(path.read_text())
+
+
+def learned_report(report: dict, found: dict, models: list[dict], oracle: list[dict]) -> str:
+    """Adds the learned models' rows (to ``rows``, beside the oracles'), their ``task=infill``
+    rows and goals to ``report``; returns their part of the doc."""
+    mine = [finite_row(r) for r in learned.learned_rows(found, models)]
+    mine = [r | {"at_floor": at_floor(r)} for r in mine]
+    report["rows"] = oracle + mine
+    report["learned_task_infill"] = learned.learned_infill_rows(found, models)
+    view, violation = learned.view_goal(mine), learned.violation_goal(mine)
+    report["learned_goals"] = {"prompt_view": view, "violations": violation}
+    lines = learned.goal_lines(view, violation) + learned.table_lines(mine, oracle, TASKS)
+    return "\n".join(lines + learned.infill_lines(report["learned_task_infill"])) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Every config file composes, and every group option instantiates."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from cdlm.processes.vocabulary import token_ids
 from cdlm.samplers.base import sampler_name
 from cdlm.training.module import DiffusionLM
 from cdlm.training.phases import Phases
+from cdlm.worlds import load
 
 CONF = config_dir()
 
@@ -105,6 +107,10 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "gaussian_bell": ("GaussianProcess", "Bell", 1.0, []),
     "uniform_bell": ("UniformProcess", None, None, None),
     "uniform_flat": ("UniformProcess", None, None, None),
+    # the learned rows of the conditional worlds study (conf/experiment/worlds_conditional.yaml)
+    "gaussian_clean_prompts": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "block_default": ("BlockProcess", None, None, None),
+    "autoregressive_fim": ("AutoregressiveProcess", None, None, None),
 }
 # the one setting each study row changes from its process's defaults
 CHANGES = {
@@ -121,13 +127,15 @@ CHANGES = {
     "gaussian_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_flat": ("process.flat_weight", True),
+    "gaussian_clean_prompts": ("process.prompt_view", "clean"),
+    "autoregressive_fim": ("process.fim_rate", 0.5),
 }
 
 
 @pytest.mark.parametrize("recipe", sorted(CHANGES))
 def test_a_study_row_changes_the_setting_it_names(recipe):
     key, value = CHANGES[recipe]
-    base = {"gaussian": "gaussian", "masked": "masked", "block": "block", "uniform": "uniform"}
+    base = {p: p for p in ("gaussian", "masked", "block", "uniform", "autoregressive")}
     process = next(v for k, v in base.items() if recipe.startswith(k))
     assert OmegaConf.select(compose_train(f"recipe={recipe}"), key) == value
     assert OmegaConf.select(compose_train(f"process={process}"), key) != value
@@ -141,7 +149,11 @@ def test_every_recipe_row_has_an_expectation():
 def test_each_recipe_builds_the_process_it_names(recipe):
     kind, levels, token_noise, pieces = RECIPES[recipe]
     cfg = compose_train(f"recipe={recipe}")
-    obj = instantiate(cfg.process, **token_ids(cfg.process, StubTokenizer()))
+    # FIM adds its sentinels to a real tokenizer
+    tokenizer = (
+        copy.deepcopy(load("world:chars").tokenizer) if cfg.process.get("fim_rate") else None
+    )
+    obj = instantiate(cfg.process, **token_ids(cfg.process, tokenizer or StubTokenizer()))
     assert type(obj).__name__ == kind
     if kind != "GaussianProcess":
         return

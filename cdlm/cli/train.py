@@ -86,8 +86,11 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
         f"ar={ar}, anneal={anneal}",
     )
     require(
-        cfg.condition.prompt_dropout == 0 or cfg.data.get("format") == "pairs",
-        "condition.prompt_dropout applies to prompt→response training (data.format=pairs)",
+        cfg.condition.prompt_dropout == 0
+        or cfg.data.get("format") == "pairs"
+        or bool(cfg.data.get("prompt_rate")),
+        "condition.prompt_dropout applies to rows with prompts (data.format=pairs, or a world's "
+        "data.prompt_rate > 0)",
     )
     validate_files(cfg)
     # Each process reads the schedule group that fits it; a choice it ignores is a mistake.

@@ -9,12 +9,18 @@ from torch.utils.data import Dataset
 
 class SequenceDataset(Dataset):
     """tokens: (N, L) int64; labels: (N,) int64; pad_id: with padded (unpacked) data, PAD
-    positions get ``valid`` False, so that losses and bits/token skip them (as MDLM does)."""
+    positions get ``valid`` False, so that losses and bits/token skip them (as MDLM does);
+    prompt: (N, L) bool, the positions each row conditions on (``cdlm.processes.prompts``), or
+    None."""
 
     def __init__(
-        self, tokens: torch.Tensor, labels: torch.Tensor, pad_id: int | None = None
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        pad_id: int | None = None,
+        prompt: torch.Tensor | None = None,
     ) -> None:
-        self.tokens, self.labels, self.pad_id = tokens, labels, pad_id
+        self.tokens, self.labels, self.pad_id, self.prompt = tokens, labels, pad_id, prompt
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -23,6 +29,8 @@ class SequenceDataset(Dataset):
         item = {"tokens": self.tokens[i], "label": self.labels[i]}
         if self.pad_id is not None:
             item["valid"] = self.tokens[i] != self.pad_id
+        if self.prompt is not None:
+            item["prompt"] = self.prompt[i]
         return item
 
     def counted_tokens(self) -> torch.Tensor:

@@ -30,6 +30,7 @@ from cdlm import worlds
 from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.evaluation.quality import distinct_n, diversity
 from cdlm.model_file import Model
+from cdlm.processes import fim
 from cdlm.rng import generator
 from cdlm.worlds import PREFIX, World, is_world, names
 from cdlm.worlds.reference import TransitionReference, as_reference
@@ -232,10 +233,11 @@ WORLD_SEQUENCES = 256  # exact samples the bound is taken on when no count is gi
 
 def world_of(model: Model, spec: str) -> worlds.World:
     """The world ``spec`` that is to score ``model``'s samples, refused unless its vocabulary is
-    the model's (a model judged by another world's ids would be scored as noise)."""
+    the model's (a model judged by another world's ids would be scored as noise), bar the FIM
+    sentinels of an AR-FIM model."""
     own = spec == model.config.get("world")  # built with the options it records
     world = worlds.recorded(model.config) if own else worlds.load(spec)
-    if not world.speaks(model.tokenizer):
+    if not world.speaks(model.tokenizer, extra=fim.TOKENS):  # an AR-FIM model adds sentinels
         raise ValueError(
             f"the model's vocabulary is not {spec}'s; scorer=world:<name> names the world the "
             "model was trained on (scorer=world: the one it records)"

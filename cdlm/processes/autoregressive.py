@@ -90,7 +90,10 @@ class AutoregressiveProcess(TokenProcess):
         """Also refuses fill-in-the-middle rows, whose reordering would move the prompt."""
         super().check_prompts(prompt_dropout)
         if self.fim_rate > 0:
-            raise ValueError("data.format=pairs needs process.fim_rate=0 (FIM reorders rows)")
+            raise ValueError(
+                "rows with prompts (data.format=pairs, data.prompt_rate > 0) need "
+                "process.fim_rate=0 (FIM reorders rows)"
+            )
 
     @torch.no_grad()
     def score_hidden(self, denoiser: Denoiser, ids: Tensor, hidden: Tensor) -> Tensor:

@@ -226,8 +226,9 @@ class ProcessModule(nn.Module):
         branch of prompt guidance, where its samplers take no prompt guidance (``sequential``)."""
         if not self.trains_on_prompts:
             raise ValueError(
-                f"data.format=pairs does not support process={self.kind}: it does not hold a "
-                "prompt in training (masked, block, gaussian and autoregressive do)"
+                f"rows with prompts (data.format=pairs, data.prompt_rate > 0) are not supported "
+                f"by process={self.kind}: it does not hold a prompt in training (masked, block, "
+                "gaussian and autoregressive do)"
             )
         if prompt_dropout > 0 and self.sequential:
             raise ValueError(

@@ -89,7 +89,7 @@ def _process(cfg: DictConfig, data) -> tuple[dict, Process, dict]:
     """(the vocabulary facts filled in, the process, the network widths it asks for)."""
     process_kwargs = token_ids(cfg.process, data.tokenizer)
     process = instantiate(cfg.process, **process_kwargs)
-    if cfg.data.get("format") == "pairs":
+    if cfg.data.get("format") == "pairs" or cfg.data.get("prompt_rate"):  # rows with prompts
         process.check_prompts(cfg.condition.prompt_dropout)
     network_kwargs = process.network_kwargs | {
         "max_seq_len": cfg.data.seq_len + 1,  # + 1: a BOS for shifted prediction

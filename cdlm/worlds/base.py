@@ -96,13 +96,20 @@ class World:
         onehot.scatter_(-1, tokens.cpu()[..., None], 0.0)
         return self._forward(onehot, strict=False, dtype=torch.float64)[2]
 
-    def speaks(self, tokenizer) -> bool:
+    def speaks(self, tokenizer, extra: tuple[str, ...] = ()) -> bool:
         """Whether ``tokenizer`` is this world's: the same vocabulary and special tokens (a model
-        trained on the world, or a copy of its tokenizer)."""
-        own = self.tokenizer
+        trained on the world, or a copy of its tokenizer), plus at most the ``extra`` tokens
+        after the world's ids (e.g. the FIM sentinels an AR-FIM model adds, which no sample
+        holds)."""
+        own, vocab = self.tokenizer, tokenizer.get_vocab()
         specials = ("pad_token_id", "eos_token_id", "mask_token_id")
-        return tokenizer.get_vocab() == own.get_vocab() and all(
-            getattr(tokenizer, k) == getattr(own, k) for k in specials
+        added = {t: i for t, i in vocab.items() if t not in own.get_vocab()}
+        base = {t: i for t, i in vocab.items() if t not in added}
+        return (
+            base == own.get_vocab()
+            and set(added) <= set(extra)
+            and all(i >= len(own) for i in added.values())
+            and all(getattr(tokenizer, k) == getattr(own, k) for k in specials)
         )
 
     def violations(self, tokens: Tensor) -> Tensor:

@@ -6,7 +6,9 @@ fresh training batch k of rank r comes from (seed, r, k), so a resumed run conti
 stream exactly, whatever its DataLoader workers; the finite set from (seed); the validation set
 from the world and length alone, so that every run of a world is validated on the same sequences,
 and on every rank. A stand-in for ``cdlm.data.TextDataModule``: worlds are unconditional (no
-labels), and the tokenizer is the world's.
+labels), and the tokenizer is the world's. A share of the training rows may carry a ``prompt``
+(``data.prompt_rate``, ``cdlm.worlds.prompt_rows``), its marks keyed as the tokens are; the
+validation set has none, so that its bound stays the unconditional one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from cdlm.data.order import ResumableLoader, ResumableSampler, taken_of
 from cdlm.data.sequences import SequenceDataset
 from cdlm.worlds import PREFIX, is_world, load, names, options
 from cdlm.worlds.base import NEVER, World
+from cdlm.worlds.prompt_rows import SHAPES, PromptRows
 
 
 def stream_seed(*key: object) -> int:
@@ -42,10 +45,16 @@ def draw(world: World, n: int, seq_len: int, *key: object) -> torch.Tensor:
     return world.sample(n, seq_len, generator=generator)
 
 
+def prompts(rows: PromptRows, n: int, seq_len: int, *key: object) -> torch.Tensor:
+    """(n, seq_len) bool prompt marks (``PromptRows.mark``), a pure function of ``key``."""
+    return rows.mark(n, seq_len, torch.Generator().manual_seed(stream_seed("prompt", *key)))
+
+
 @dataclasses.dataclass(eq=False)
 class FreshBatches(IterableDataset):
     """One rank's endless stream of whole batches ``{"tokens": (batch_size, seq_len) int64,
-    "label": (batch_size,) zeros}``, batch k drawn anew from (seed, rank, k). ``taken`` is how
+    "label": (batch_size,) zeros}`` (and ``"prompt"``: (batch_size, seq_len) bool when
+    ``rows`` are on), batch k drawn anew from (seed, rank, k). ``taken`` is how
     many batches this rank has trained on: every new iterator starts after them. DataLoader
     worker w of W yields batches taken + w, taken + w + W, ..., which the loader interleaves
     back into stream order."""
@@ -57,10 +66,15 @@ class FreshBatches(IterableDataset):
     seed: int
     rank: int = 0
     taken: int = 0
+    rows: PromptRows = PromptRows()
 
     def batch(self, k: int) -> dict[str, torch.Tensor]:
-        tokens = draw(self.world, self.batch_size, self.seq_len, "fresh", self.seed, self.rank, k)
-        return {"tokens": tokens, "label": torch.zeros(self.batch_size, dtype=torch.long)}
+        key = ("fresh", self.seed, self.rank, k)
+        tokens = draw(self.world, self.batch_size, self.seq_len, *key)
+        out = {"tokens": tokens, "label": torch.zeros(self.batch_size, dtype=torch.long)}
+        if self.rows.on:
+            out["prompt"] = prompts(self.rows, self.batch_size, self.seq_len, *key)
+        return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -106,6 +120,9 @@ class WorldData(RankedData):
             for every run of the world at this length, and on every rank.
         seed: the training draws' seed (``cdlm-train`` passes its ``seed``).
         num_workers: DataLoader workers.
+        prompt_rate: the share of training rows whose fixed positions are marked ``prompt``
+            (``cdlm.worlds.prompt_rows``): 0, none (unconditional training).
+        prompt_shapes: the shapes those rows draw among: ``prefix`` and/or ``infill``.
     """
 
     def __init__(
@@ -118,8 +135,11 @@ class WorldData(RankedData):
         val_size: int = 256,
         seed: int = 0,
         num_workers: int = 0,
+        prompt_rate: float = 0.0,
+        prompt_shapes: list[str] | tuple[str, ...] = SHAPES,
     ) -> None:
         super().__init__()
+        self.rows = PromptRows(prompt_rate, tuple(prompt_shapes))
         if not is_world(world) or world[len(PREFIX) :] not in names():
             valid = ", ".join(PREFIX + n for n in names())
             raise ValueError(f"unknown data.world {world!r}; valid: {valid} (conf/world/)")
@@ -159,11 +179,16 @@ class WorldData(RankedData):
         self.val_set = SequenceDataset(val, torch.zeros(len(val), dtype=torch.long))
         if self.train_size is None:
             self.train_set = FreshBatches(
-                world, self.world, self.seq_len, self.batch_size, self.seed
+                world, self.world, self.seq_len, self.batch_size, self.seed, rows=self.rows
             )
         else:
             train = draw(world, self.train_size, self.seq_len, "set", self.seed)
-            self.train_set = SequenceDataset(train, torch.zeros(len(train), dtype=torch.long))
+            marks = prompts(self.rows, len(train), self.seq_len, "set", self.seed)
+            self.train_set = SequenceDataset(
+                train,
+                torch.zeros(len(train), dtype=torch.long),
+                prompt=marks if self.rows.on else None,
+            )
 
     def _checked(self, tokenizer):
         """``tokenizer`` if it is the world's (same vocabulary and special tokens), else a
