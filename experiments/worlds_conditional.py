@@ -21,7 +21,7 @@ conditional by construction on an oracle, as does speculative decoding (its draf
 against the AR pass): the issue's goal is judged on these. The rest (ancestral, ReMDM, block's
 MDLM rule) decide one *on average*, several at once on some steps, and are kept beside them.
 
-With ``--models`` (the ``experiment=worlds_conditional`` training sweep), every learned model
+With ``--models`` (the ``experiment=worlds_conditional_models`` training sweep), every learned model
 there is sampled too, into ``<folder>/learned/<world>/<recipe>``, and its rows (``model:
 learned``) stand beside the oracles' (``worlds_conditional_learned``).
 """
@@ -330,7 +330,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-samples", type=int, default=NUM_SAMPLES)
     p.add_argument(
         "--models", type=Path, nargs="*", default=[],
-        help="experiment=worlds_conditional sweep folders: their models' learned rows",
+        help="experiment=worlds_conditional_models sweep folders: their models' learned rows",
     )  # fmt: skip
     p.add_argument(
         "--learned-steps", type=lambda v: tuple(map(int, v.split(","))), default=STEPS,

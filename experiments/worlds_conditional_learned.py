@@ -22,20 +22,20 @@ import study
 
 from cdlm.evaluation.world_score import _mean_se
 
-# recipe (conf/recipe/, the rows of conf/experiment/worlds_conditional.yaml) -> (process, its
+# recipe (conf/recipe/, the rows of conf/experiment/worlds_conditional_models.yaml) -> (process, its
 # default sampler, the tasks it takes: a plain AR model sees only left context)
 RECIPES = {
     "gaussian": ("gaussian", "rolling", None),
-    "gaussian_clean_prompts": ("gaussian", "rolling", None),
+    "gaussian_clean_prompt": ("gaussian", "rolling", None),
     "masked": ("masked", "ancestral", None),
     "block_default": ("block", "block", None),
     "autoregressive": ("autoregressive", "ar", ("continuation",)),
     "autoregressive_fim": ("autoregressive", "ar", None),
 }
-DIFFUSION = ("gaussian", "gaussian_clean_prompts", "masked", "block_default")
+DIFFUSION = ("gaussian", "gaussian_clean_prompt", "masked", "block_default")
 # the diffusion models that read fixed text on both sides: block reads only the blocks before
 # its current one, so a bridge's closing name is invisible to it (its infills are unsupported)
-BOTH_SIDES = ("gaussian", "gaussian_clean_prompts", "masked")
+BOTH_SIDES = ("gaussian", "gaussian_clean_prompt", "masked")
 SETS = 4  # sample sets of the goals' rows (the first set's in the table)
 
 
@@ -50,7 +50,7 @@ INFILL_RECIPES = (*DIFFUSION, "autoregressive_fim")  # task=infill: those that t
 
 
 def models(*folders: Path) -> list[dict]:
-    """The finished training jobs of ``folders`` (``experiment=worlds_conditional`` sweeps):
+    """The finished training jobs of ``folders`` (``experiment=worlds_conditional_models`` sweeps):
     world, recipe and model folder each."""
     out = []
     for job in study.rows(study.table(*folders)) if folders else []:

@@ -107,8 +107,8 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "gaussian_bell": ("GaussianProcess", "Bell", 1.0, []),
     "uniform_bell": ("UniformProcess", None, None, None),
     "uniform_flat": ("UniformProcess", None, None, None),
-    # the learned rows of the conditional worlds study (conf/experiment/worlds_conditional.yaml)
-    "gaussian_clean_prompts": ("GaussianProcess", "LogitNormal", 1.0, []),
+    # the learned rows of the conditional worlds study (conf/experiment/worlds_conditional_models.yaml)
+    "gaussian_clean_prompt": ("GaussianProcess", "LogitNormal", 1.0, []),
     "block_default": ("BlockProcess", None, None, None),
     "autoregressive_fim": ("AutoregressiveProcess", None, None, None),
 }
@@ -127,7 +127,7 @@ CHANGES = {
     "gaussian_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_flat": ("process.flat_weight", True),
-    "gaussian_clean_prompts": ("process.prompt_view", "clean"),
+    "gaussian_clean_prompt": ("process.prompt_view", "clean"),
     "autoregressive_fim": ("process.fim_rate", 0.5),
 }
 

@@ -12,7 +12,7 @@ from test_studies import grid
 MODELS = [
     {"world": w, "recipe": r, "folder": f"/m/{w}/{r}"}
     for w in ("chars", "agreement")
-    for r in ("gaussian", "gaussian_clean_prompts", "masked", "block_default", "autoregressive",
+    for r in ("gaussian", "gaussian_clean_prompt", "masked", "block_default", "autoregressive",
               "autoregressive_fim")
 ]  # fmt: skip
 
@@ -42,7 +42,7 @@ def test_each_models_grid_has_the_jobs_it_counts(tmp_path):
 
 
 def rows(world, task, recipe, values, key, steps=64, **extra):
-    process = {"gaussian_clean_prompts": "gaussian"}.get(recipe, recipe.split("_")[0])
+    process = {"gaussian_clean_prompt": "gaussian"}.get(recipe, recipe.split("_")[0])
     return [
         {"world": world, "task": task, "recipe": recipe, "process": process, "steps": steps,
          "seed": s, key: v} | extra
@@ -52,7 +52,7 @@ def rows(world, task, recipe, values, key, steps=64, **extra):
 
 def test_the_prompt_view_goal_by_hand():
     learned = experiment_module("worlds_conditional_learned")
-    clean = rows("chars", "continuation", "gaussian_clean_prompts", [0.10, 0.12, 0.11, 0.13],
+    clean = rows("chars", "continuation", "gaussian_clean_prompt", [0.10, 0.12, 0.11, 0.13],
                  "kl_rate", prompt_view="clean", violation_rate=0.0)  # fmt: skip
     noised = rows("chars", "continuation", "gaussian", [0.14, 0.16, 0.15, 0.17], "kl_rate",
                   prompt_view="noised", violation_rate=0.0)  # fmt: skip

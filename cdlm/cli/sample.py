@@ -127,6 +127,13 @@ def layout_of(cfg: DictConfig, model: Model, seq_len: int) -> Layout | None:
         raise UsageError(str(e)) from None
 
 
+def plan_of(cfg: DictConfig, choice, seq_len: int, **fixed) -> Plan:
+    """The plan the config asks for; ``fixed``: the layout fields of fixed text."""
+    denoising = {k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")}
+    options = {k: cfg[k] for k in ("num_samples", "seed", "batch_size", "grid", "rounding")}
+    return Plan(seq_len=seq_len, steps=choice.steps, denoising=denoising, **options, **fixed)
+
+
 def sample_rows(cfg: DictConfig, model: Model, sampler, choice, seq_len: int) -> list[dict]:
     """``prompts=FILE``: every line's row, in batches of ``batch_size`` rows, at each guidance
     scale (on the rows' fixed text, each row with the same seed at every scale); its records."""
@@ -134,16 +141,7 @@ def sample_rows(cfg: DictConfig, model: Model, sampler, choice, seq_len: int) ->
     if not path.is_file():
         raise UsageError(f"prompts file not found: {path}")
     rows = read_rows(path.read_text(encoding="utf-8"))
-    plan = Plan(
-        num_samples=cfg.num_samples,
-        seq_len=seq_len,
-        steps=choice.steps,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        grid=cfg.grid,
-        rounding=cfg.rounding,
-        denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
-    )
+    plan = plan_of(cfg, choice, seq_len)
     kept: list[dict] = []
     on = Guidance(None, 1.0, cfg.guidance.on).guided_on(True, scales(cfg))
     for w in scales(cfg):
@@ -177,18 +175,10 @@ def sample(cfg: DictConfig) -> None:
         write(cfg, sample_rows(cfg, model, sampler, choice, seq_len))
         return
     layout = layout_of(cfg, model, seq_len)
-    plan = Plan(
-        num_samples=cfg.num_samples,
-        seq_len=len(layout.ids) if layout is not None else seq_len,
-        steps=choice.steps,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        grid=cfg.grid,
-        rounding=cfg.rounding,
-        layout=layout,
-        strength=cfg.edit_strength if cfg.edit is not None else 1.0,
-        denoising={k: cfg[k] for k in ("temperature", "clamp", "self_cond_scale")},
-        cut_at_eos=layout is None,
+    strength = cfg.edit_strength if cfg.edit is not None else 1.0
+    seq_len = len(layout.ids) if layout is not None else seq_len
+    plan = plan_of(
+        cfg, choice, seq_len, layout=layout, strength=strength, cut_at_eos=layout is None
     )
     label = None if cfg.label is None else (label_index(model, cfg.label), str(cfg.label))
     view = View(cfg.progress, live=cfg.show == "canvas", record=cfg.canvas is not None)

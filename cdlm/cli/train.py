@@ -85,10 +85,9 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
         f"phases.ar and phases.anneal are shares of the budget (ar < 1, ar + anneal <= 1), got "
         f"ar={ar}, anneal={anneal}",
     )
+    rows_with_prompts = cfg.data.get("format") == "pairs" or bool(cfg.data.get("prompt_rate"))
     require(
-        cfg.condition.prompt_dropout == 0
-        or cfg.data.get("format") == "pairs"
-        or bool(cfg.data.get("prompt_rate")),
+        not cfg.condition.prompt_dropout or rows_with_prompts,
         "condition.prompt_dropout applies to rows with prompts (data.format=pairs, or a world's "
         "data.prompt_rate > 0)",
     )
