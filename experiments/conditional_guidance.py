@@ -42,8 +42,14 @@ from cdlm.io import atomic_write_text
 
 SCALES = (0.0, 1.0, 2.0)
 START, STOP = "<!-- guidance -->", "<!-- end guidance -->"
-VIEWS = {"masked": ("masked", None), "gaussian": ("gaussian", "noised")}
-VIEWS["gaussian_clean_prompt"] = ("gaussian", "clean")
+
+
+def view_of(job: dict) -> tuple[str, str | None]:
+    """The job's process (its recipe's first word) and, for gaussian, the prompt view its model
+    file records (the default changed to clean in issue 50; a recipe name does not say it)."""
+    process = job["overrides"]["recipe"].split("_")[0]
+    config = json.loads((Path(job["folder"]) / "config.json").read_text())
+    return process, config["process"]["prompt_view"] if process == "gaussian" else None
 
 
 def prompts_file(ckpt: str, args: argparse.Namespace, path: Path) -> list[dict]:
@@ -225,7 +231,7 @@ def main() -> None:
     found = study.table(*args.folders)
     scorer, rows, training, held = load_scorer(None), [], [], []
     for job in study.rows(found):
-        process, view = VIEWS[job["overrides"]["recipe"]]
+        process, view = view_of(job)
         label = process if view is None else f"{process}, prompt {view}"
         spec = {"name": job["overrides"]["recipe"], "label": label, "process": process,
                 "view": view, "ckpt": str(Path(job["folder"]) / "model.safetensors")}  # fmt: skip

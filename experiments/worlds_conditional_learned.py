@@ -27,15 +27,22 @@ from cdlm.evaluation.world_score import _mean_se
 RECIPES = {
     "gaussian": ("gaussian", "rolling", None),
     "gaussian_clean_prompt": ("gaussian", "rolling", None),
+    "gaussian_noised_prompt": ("gaussian", "rolling", None),
     "masked": ("masked", "ancestral", None),
     "block_default": ("block", "block", None),
     "autoregressive": ("autoregressive", "ar", ("continuation",)),
     "autoregressive_fim": ("autoregressive", "ar", None),
 }
-DIFFUSION = ("gaussian", "gaussian_clean_prompt", "masked", "block_default")
+DIFFUSION = (
+    "gaussian",
+    "gaussian_clean_prompt",
+    "gaussian_noised_prompt",
+    "masked",
+    "block_default",
+)
 # the diffusion models that read fixed text on both sides: block reads only the blocks before
 # its current one, so a bridge's closing name is invisible to it (its infills are unsupported)
-BOTH_SIDES = ("gaussian", "gaussian_clean_prompt", "masked")
+BOTH_SIDES = ("gaussian", "gaussian_clean_prompt", "gaussian_noised_prompt", "masked")
 SETS = 4  # sample sets of the goals' rows (the first set's in the table)
 
 

@@ -109,6 +109,7 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "uniform_flat": ("UniformProcess", None, None, None),
     # the learned rows of the conditional worlds study (conf/experiment/worlds_conditional_models.yaml)
     "gaussian_clean_prompt": ("GaussianProcess", "LogitNormal", 1.0, []),
+    "gaussian_noised_prompt": ("GaussianProcess", "LogitNormal", 1.0, []),
     "block_default": ("BlockProcess", None, None, None),
     "autoregressive_fim": ("AutoregressiveProcess", None, None, None),
 }
@@ -127,7 +128,7 @@ CHANGES = {
     "gaussian_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_bell": ("process.time_sampler._target_", "cdlm.time_samplers.Bell"),
     "uniform_flat": ("process.flat_weight", True),
-    "gaussian_clean_prompt": ("process.prompt_view", "clean"),
+    "gaussian_noised_prompt": ("process.prompt_view", "noised"),
     "autoregressive_fim": ("process.fim_rate", 0.5),
 }
 
