@@ -66,11 +66,9 @@ class GaussianProcess(ProcessModule):
             share of tokens and the rest clean anchors, with its loss (``cdlm.processes.hybrid``;
             sampler=hybrid).
         eos_id: the BOS of a shifted input and of the AR phase (filled in from the tokenizer).
-        prompt_view: how fixed text (a prompt, an infill's context) reaches the network, in
-            sampling and prompt→response training alike (``cdlm.processes.prompts``):
-            ``noised`` to the current level, or ``clean`` at level 0. The config's default
-            is clean (issue 50); this class default, noised, is what a model file written
-            before the option meant.
+        prompt_view: how fixed text reaches the network, in sampling and training alike
+            (``cdlm.processes.prompts``): ``clean`` at level 0 (the config's default) or
+            ``noised`` to the current level (the default of files from before the option).
     """
 
     kind = "gaussian"
