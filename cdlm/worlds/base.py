@@ -102,11 +102,12 @@ class World:
         after the world's ids (e.g. the FIM sentinels an AR-FIM model adds, which no sample
         holds)."""
         own, vocab = self.tokenizer, tokenizer.get_vocab()
+        own_vocab = own.get_vocab()
         specials = ("pad_token_id", "eos_token_id", "mask_token_id")
-        added = {t: i for t, i in vocab.items() if t not in own.get_vocab()}
+        added = {t: i for t, i in vocab.items() if t not in own_vocab}
         base = {t: i for t, i in vocab.items() if t not in added}
         return (
-            base == own.get_vocab()
+            base == own_vocab
             and set(added) <= set(extra)
             and all(i >= len(own) for i in added.values())
             and all(getattr(tokenizer, k) == getattr(own, k) for k in specials)
