@@ -11,6 +11,7 @@ stream therefore takes its seed through ``mixed_seed``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,6 +29,28 @@ def mixed_seed(seed: int) -> int:
 def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator on ``device`` for sampling/evaluation seed ``seed``."""
     return torch.Generator(device).manual_seed(mixed_seed(seed))
+
+
+def member_seed(seed: int, index: int) -> int:
+    """The seed of member ``index`` (a sample, row, draw or case) of a set drawn with ``seed``:
+    ``seed`` itself for the first, for every other a 63-bit hash of (seed, index). With
+    ``seed + index`` sets drawn with neighbouring seeds shared all members but one (seed 1's
+    first was seed 0's second); hashed, sets drawn with different seeds share none, and a member
+    drawn alone with its own seed is still that member."""
+    if index == 0:
+        return seed
+    return _hashed(f"member:{seed}:{index}")
+
+
+def blanks_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of prompt guidance's blanks (the prior its unconditional pass sees) for a
+    sample drawn with ``seed``: a stream of its own, not another sample's (``seed + 1`` was the
+    next seed's sampling stream)."""
+    return generator(_hashed(f"blanks:{seed}"), device)
+
+
+def _hashed(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
 @contextmanager

@@ -77,7 +77,8 @@ def label_of(row: dict) -> str:
 
 
 def austen_bound(folder: Path) -> dict:
-    """One Austen run's bound at ``AUSTEN_DRAWS`` draws (seeds 0, 1, ...), cached."""
+    """One Austen run's bound at ``AUSTEN_DRAWS`` draws (``val_bits_per_token``'s, seed 0),
+    cached."""
     path = folder / "bound.json"
     if not path.is_file():
         from cdlm.evaluation.bound import val_bits_per_token

@@ -15,6 +15,7 @@ from cdlm.evaluation.speed import spread
 from cdlm.generation import named_sampler
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import load_model
+from cdlm.rng import member_seed
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +80,13 @@ def test_spread_keeps_every_run():
 def test_bound_averages_noise_draws_with_their_standard_error(ckpt, request):
     model = load_model(str(request.getfixturevalue(ckpt)))
     tokens = validation_tokens(model, str(request.getfixturevalue("tiny_corpus")))[:4]
-    single = [val_bits_per_token(model, tokens, seed)["bits_per_token"] for seed in (3, 4, 5)]
+    seeds = [member_seed(3, d) for d in range(3)]  # draw d's seed; the first is 3 itself
+    single = [val_bits_per_token(model, tokens, seed)["bits_per_token"] for seed in seeds]
     assert len(set(single)) == 3  # each draw is its own Monte Carlo estimate
     averaged = val_bits_per_token(model, tokens, 3, draws=3)
     assert averaged["per_draw"] == pytest.approx(single, rel=1e-6)
+    neighbour = val_bits_per_token(model, tokens, 4, draws=3)["per_draw"]
+    assert not set(neighbour) & set(averaged["per_draw"])  # seeds 3 and 4 share no draw
     assert averaged["bits_per_token"] == pytest.approx(statistics.mean(single), rel=1e-6)
     assert averaged["std_error"] == pytest.approx(statistics.stdev(single) / 3**0.5, rel=1e-5)
     with pytest.raises(ValueError, match="draws"):

@@ -30,6 +30,7 @@ from cdlm.evaluation.lmeval_scores import (  # noqa: E402
 )
 from cdlm.likelihood.elbo import elbo  # noqa: E402
 from cdlm.model_file import load_model, oracle_model  # noqa: E402
+from cdlm.rng import member_seed  # noqa: E402
 from cdlm.samplers.base import sampler_name  # noqa: E402
 from cdlm.worlds.base import World  # noqa: E402
 from cdlm.worlds.chain import symbol_tokenizer  # noqa: E402
@@ -287,13 +288,13 @@ def test_generate_until_through_a_named_sampler_stops_at_the_stop_string(tiny_ma
 @pytest.mark.parametrize("fixture", ["tiny_ar_checkpoint", "tiny_masked_checkpoint"])
 def test_generate_until_batches_prompts_and_each_is_as_if_alone(fixture, request):
     """Prompts of different lengths in one batched call: request r is what it is alone with
-    seed ``seed + r`` (``generate_rows``)."""
+    seed ``member_seed(seed, r)`` (``generate_rows``)."""
     path = request.getfixturevalue(fixture)
     contexts = ["Anne", "Captain Wentworth was", "She had"]
     asked = [instance("generate_until", c, {"until": [], "max_gen_toks": 6}) for c in contexts]
     together = CdlmLM(str(path), steps=6, batch_size=3).generate_until(asked)
     for r, one in enumerate(asked):
-        alone = CdlmLM(str(path), steps=6, seed=r).generate_until([one])
+        alone = CdlmLM(str(path), steps=6, seed=member_seed(0, r)).generate_until([one])
         assert alone == [together[r]]
     assert len(set(together)) > 1
 

@@ -1,6 +1,6 @@
 """Batches of different prompts (``cdlm.generation.rows``): every row of a mixed batch (prompts
 of different lengths, an infill template) comes out token for token as it does sampled alone
-with its own seed (``seed + row``), for each process, its default sampler and a few others.
+with its own seed (``member_seed(seed, row)``), for each process, its default sampler and a few others.
 
 The networks run in float32: a batch and a row alone run matmuls of different shapes (and the
 padded batch a masked attention), which could differ in the last bit, but no draw flipped here;
@@ -19,6 +19,7 @@ from cdlm.generation.inputs import Row, read_layout
 from cdlm.generation.rows import generate_rows
 from cdlm.guidance import Guidance
 from cdlm.model_file import load_model
+from cdlm.rng import member_seed
 from cdlm.samplers.blockwise import DualCache, PrefixCache
 
 ROWS = [
@@ -102,15 +103,29 @@ def test_a_row_in_a_mixed_batch_is_the_row_alone(models, kind, name, options):
     mixed = generate_rows(model, sampler, plan, rows)
     assert len({len(r.token_ids) for r in mixed.rows}) > 1  # the canvases differ in length
     for i, row in enumerate(rows):
-        assert mixed.rows[i].seed == 5 + i
-        assert mixed.rows[i].token_ids == alone(model, sampler, row, 5 + i, 8), (kind, name, i)
+        assert mixed.rows[i].seed == member_seed(5, i)
+        got = mixed.rows[i].token_ids
+        assert got == alone(model, sampler, row, member_seed(5, i), 8), (kind, name, i)
+
+
+@pytest.mark.parametrize("kind", ["masked", "gaussian"])
+def test_sets_drawn_with_neighbouring_seeds_share_no_sample(models, kind):
+    """A set of one prompt's samples (as ``cdlm-eval prompt=`` draws it) with seed 1 is not
+    seed 0's set shifted by one (``seed + i`` made it so): no seed and no sample in common."""
+    model = models(kind)
+    sampler, row = default_sampler(model.process), Row(prompt="the", max_new_tokens=12)
+    sets = [generate_rows(model, sampler, Plan(6, 16, 8, seed), [row]).rows for seed in (0, 1)]
+    assert not {r.seed for r in sets[0]} & {r.seed for r in sets[1]}
+    samples = [{tuple(r.token_ids) for r in rows} for rows in sets]
+    assert len(samples[0]) == len(samples[1]) == 6  # six different samples in each set
+    assert not samples[0] & samples[1]
 
 
 @pytest.mark.parametrize("kind", ["masked", "gaussian"])
 @pytest.mark.parametrize("scale", [0.0, 2.0])
 def test_a_guided_row_in_a_mixed_batch_is_the_row_alone(models, kind, scale):
     """Prompt guidance on rows: each row of a padded batch, guided on its own fixed text, is the
-    row guided alone (its blanks from seed + r + 1; the unconditional half sees the padding
+    row guided alone (its blanks from its own ``rng.blanks_generator``; the unconditional half sees the padding
     hidden too), and guidance changes what is drawn."""
     model = models(kind)
     sampler = default_sampler(model.process)
@@ -121,7 +136,7 @@ def test_a_guided_row_in_a_mixed_batch_is_the_row_alone(models, kind, scale):
     assert [r.token_ids for r in mixed.rows] != [r.token_ids for r in plain.rows]
     for i, row in enumerate(ROWS):
         got = mixed.rows[i].token_ids
-        assert got == alone(model, sampler, row, 5 + i, 8, scale), (kind, scale, i)
+        assert got == alone(model, sampler, row, member_seed(5, i), 8, scale), (kind, scale, i)
 
 
 def test_rows_refuse_a_label_and_ar_prompt_guidance(models):
@@ -147,7 +162,7 @@ def one_line_error(result, *needles):
 
 def test_cli_samples_a_prompts_file(tiny_masked_checkpoint, tmp_path):
     """cdlm-sample prompts=FILE: num_samples records per line, in order, each the row drawn
-    alone with seed + its index, its fixed text kept, in batches of batch_size rows."""
+    alone with ``member_seed(seed, index)``, its fixed text kept, in batches of batch_size rows."""
     lines = [json.dumps(row.__dict__) for row in ROWS]
     path = write_rows(tmp_path / "rows.jsonl", lines)
     out = tmp_path / "s.jsonl"
@@ -158,7 +173,7 @@ def test_cli_samples_a_prompts_file(tiny_masked_checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["line"] for r in got] == [1, 1, 2, 2, 3, 3, 4, 4]
-    assert [r["seed"] for r in got] == list(range(3, 11))
+    assert [r["seed"] for r in got] == [member_seed(3, r) for r in range(8)]
     model = load_model(tiny_masked_checkpoint)
     sampler = default_sampler(model.process)
     for r in got:
@@ -184,7 +199,7 @@ def test_cli_guides_a_prompts_file_at_each_scale(tiny_masked_checkpoint, tmp_pat
     assert [r["index"] for r in got] == list(range(8))
     assert [r["scale"] for r in got] == [0.0] * 4 + [2.0] * 4
     assert {r["guidance_on"] for r in got} == {"prompt"}
-    assert [r["seed"] for r in got] == [3, 4, 5, 6] * 2
+    assert [r["seed"] for r in got] == [member_seed(3, r) for r in range(4)] * 2
     model = load_model(tiny_masked_checkpoint)
     sampler = default_sampler(model.process)
     for r in got:

@@ -27,7 +27,7 @@ def test_each_models_grid_has_the_jobs_it_counts(tmp_path):
                                                  (16, 64, 128), 8):  # fmt: skip
             sweep = dict(a.split("=", 1) for a in cmd[2:] if not a.startswith("hydra."))
             assert len(grid(sweep)) == jobs, (model, group)
-            if group.name.endswith("_goal"):  # disjoint sets: sample i of a set is seed + i
+            if group.name.endswith("_goal"):  # spaced for the old seed + i
                 assert sweep["seed"] == "0,8,16,24"
             total[(model["world"], model["recipe"], group.name)] = jobs
     # plain AR: the continuation once; gaussian: every seed on continuation (and the bridge)

@@ -10,7 +10,7 @@ from cdlm.likelihood.elbo import elbo
 from cdlm.likelihood.evaluate import evaluate
 from cdlm.model_file import Model
 from cdlm.progress import progress
-from cdlm.rng import seeded
+from cdlm.rng import member_seed, seeded
 
 
 @torch.no_grad()
@@ -22,13 +22,13 @@ def val_bits_per_token(
 
     A diffusion bound is a Monte Carlo estimate (one t and noise draw per sequence): on a
     ~140-sequence split one draw varies by ~0.2 bits between seeds, so ``draws`` passes with
-    seeds seed, seed + 1, ... are averaged and their standard error is reported. The AR NLL is
+    seeds ``member_seed(seed, d)`` (the first ``seed``) are averaged and their standard error is reported. The AR NLL is
     exact: one pass."""
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
     if model.process.exact_likelihood:
         draws = 1
-    passes = [_one_draw(model, tokens, seed + d, batch_size) for d in range(draws)]
+    passes = [_one_draw(model, tokens, member_seed(seed, d), batch_size) for d in range(draws)]
     values = [p["bits_per_token"] for p in passes]
     mean = sum(values) / draws
     spread = sum((v - mean) ** 2 for v in values) / max(1, draws - 1)

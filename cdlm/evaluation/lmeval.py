@@ -29,6 +29,7 @@ from cdlm.evaluation.lmeval_scores import (
 from cdlm.generation import choose, named_sampler
 from cdlm.model_file import Model, load_model
 from cdlm.progress import progress
+from cdlm.rng import member_seed
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class CdlmLM(LM):
 
     def _seed(self, context: str) -> int:
         """The request's seed: the base seed mixed with its context (not its place in a run)."""
-        return self.seed + zlib.crc32(context.encode("utf-8"))
+        return member_seed(self.seed, zlib.crc32(context.encode("utf-8")))
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """(log p(continuation | context), is_greedy) per request; see ``continuation_score``."""
@@ -118,7 +119,7 @@ class CdlmLM(LM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """A sampled continuation per request, cut at the first of its ``until`` strings and at
         most ``max_gen_toks`` tokens long (fewer where the model's ``seq_len`` leaves less); the
-        prompts are batched, request r drawing from seed ``seed + r`` (``generate_rows``)."""
+        prompts are batched, request r drawing from seed ``member_seed(seed, r)`` (``generate_rows``)."""
         asked = []
         for request in requests:
             context, options = request.args

@@ -159,7 +159,7 @@ def rolling_nats(model: Model, text: list[int], *, draws: int, seed: int) -> flo
     length = model.config["seq_len"]
     windows = [text[a : a + length] for a in range(0, len(text), length)]
     return sum(
-        continuation_score(model, [], w, draws=draws, seed=seed + k).nats
+        continuation_score(model, [], w, draws=draws, seed=rng.member_seed(seed, k)).nats
         for k, w in enumerate(windows)
     )
 
@@ -181,7 +181,7 @@ def sample_continuations(
     """A continuation of each ``(prompt, max_new_tokens)``: that many positions after the prompt
     (fewer where the model's ``seq_len`` leaves less room; the prompt cut from the left to leave
     one at least), drawn by ``sampler`` in ``steps`` steps, ``batch_size`` different prompts per
-    call (``cdlm.generation.generate_rows``; request r draws from seed ``seed + r``, so it is
+    call (``cdlm.generation.generate_rows``; request r draws from seed ``rng.member_seed(seed, r)``, so it is
     the same alone or batched), and decoded up to the first EOS."""
     seq_len = model.config["seq_len"]
     rows = []

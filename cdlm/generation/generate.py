@@ -27,8 +27,8 @@ def generate(
     partial of one); ``callback`` sees every step of every batch (``StepInfo``).
 
     The same seed gives the same samples: all randomness comes from one generator on the model's
-    device (prompt guidance's blanks from a second one, so that the sampling stream stays that of
-    unguided sampling). NFE and positions count both passes of a guided call (classifier-free or
+    device (prompt guidance's blanks from a second one, ``rng.blanks_generator``, so that the
+    sampling stream stays that of unguided sampling). NFE and positions count both passes of a guided call (classifier-free or
     self-conditioning guidance).
     """
     process, network = model.process, model.network
@@ -44,7 +44,7 @@ def generate(
         )
     device = next(network.parameters()).device
     generator = rng.generator(plan.seed, device)
-    blanks = rng.generator(plan.seed + 1, device) if prompt_guided else None
+    blanks = rng.blanks_generator(plan.seed, device) if prompt_guided else None
     timesteps = time_grid(model, plan, device)
     passes = guidance.passes(plan.prompted)
     samples, out, start, stats = [], None, time.perf_counter(), []

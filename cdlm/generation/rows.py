@@ -3,10 +3,11 @@ template, ``cdlm.generation.inputs.Row``) and its own random stream, the rows of
 one sampler call, so that a row comes out token for token as it would alone.
 
 Row r (after each row is repeated ``plan.num_samples`` times) draws from the generator of seed
-``plan.seed + r`` (``cdlm.rng.Rows``): the row alone, ``generate`` with ``seed=plan.seed + r``,
-draws the same numbers. Prompt guidance (``plan.guidance``, on the fixed text) draws
-row r's blanks from the generator of seed ``plan.seed + r + 1``, as ``generate`` does for the row
-alone. Canvases of different lengths are padded on the right to the batch's longest: for a bidirectional network the padding is held fixed (EOS) and hidden from every
+``rng.member_seed(plan.seed, r)`` (``cdlm.rng.Rows``; row 0 keeps ``plan.seed``, and sets drawn
+with different seeds share no row's stream): the row alone, ``generate`` with that seed (its
+record's ``seed``), draws the same numbers. Prompt guidance (``plan.guidance``, on the fixed
+text) draws row r's blanks from ``rng.blanks_generator`` of the row's seed, as ``generate`` does
+for the row alone. Canvases of different lengths are padded on the right to the batch's longest: for a bidirectional network the padding is held fixed (EOS) and hidden from every
 query (``cdlm.denoiser.Unpadded``, the network's ``lengths``); a causal network never looks
 right, so there the padding is just more canvas, generated and cut off.
 """
@@ -95,10 +96,10 @@ def generate_rows(
     with eval_mode(network):
         for first in range(0, len(layouts), size):
             batch = layouts[first : first + size]
-            seeds = [plan.seed + first + k for k in range(len(batch))]
+            seeds = [rng.member_seed(plan.seed, first + k) for k in range(len(batch))]
             lengths = [len(b.ids) for b in batch]
             generator = rng.Rows([rng.generator(s, device) for s in seeds], lengths)
-            blanks = rng.Rows([rng.generator(s + 1, device) for s in seeds], lengths)
+            blanks = rng.Rows([rng.blanks_generator(s, device) for s in seeds], lengths)
             x, denoiser = _padded(model, plan, batch, generator, blanks if guided else None)
             out = sampler(
                 denoiser, x, timesteps, process=process, generator=generator, callback=callback

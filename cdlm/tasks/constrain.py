@@ -27,6 +27,7 @@ from cdlm.evaluation.quality import Scorer, generative_perplexity
 from cdlm.generation import Plan
 from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
+from cdlm.rng import member_seed
 from cdlm.tasks.constraint_kinds import BUILD, KINDS, TEXT_KINDS, Case, accepted, same
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import canvas, run_cases
@@ -62,7 +63,7 @@ def run(
         for i, c in enumerate(cases):
             n = c.length()
             layout = canvas(c.passage.ids[:n], c.editable(), fill)
-            plans.append(Plan(1, n, steps, seed + i, layout=layout, cut_at_eos=False))
+            plans.append(Plan(1, n, steps, member_seed(seed, i), layout=layout, cut_at_eos=False))
         runs = run_cases(model, sampler, plans)
         outputs = [g.samples[0].token_ids for g in runs.generations]
         ok = [accepted(c, ids, tok) for c, ids in zip(cases, outputs, strict=True)]

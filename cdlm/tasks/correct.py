@@ -33,6 +33,7 @@ from cdlm.generation import Plan
 from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
 from cdlm.progress import progress
+from cdlm.rng import member_seed
 from cdlm.tasks.passages import Passage, lay_out, word_ids
 from cdlm.tasks.runs import CaseRuns, canvas
 
@@ -193,7 +194,12 @@ def repair(
             editable[a:b] = [True] * (b - a)
         size = refill_steps(model, steps, sum(editable))
         plan = Plan(
-            1, len(ids), size, seed + r, layout=canvas(ids, editable, fill), cut_at_eos=False
+            1,
+            len(ids),
+            size,
+            member_seed(seed, r),
+            layout=canvas(ids, editable, fill),
+            cut_at_eos=False,
         )
         gen, run = timed_run(model, sampler, plan)
         refill = gen.samples[0].token_ids

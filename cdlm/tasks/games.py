@@ -23,6 +23,7 @@ from cdlm.generation import Plan
 from cdlm.generation.inputs import fill_id
 from cdlm.likelihood.evaluate import validation_tokens
 from cdlm.model_file import Model
+from cdlm.rng import member_seed
 from cdlm.tasks.passages import word_ids
 from cdlm.tasks.runs import CaseRuns, canvas, run_cases
 
@@ -231,7 +232,9 @@ def run(
         head, answer = word_ids(tok, p.prompt), word_ids(tok, p.answer)
         editable = [False] * len(head) + [True] * len(answer)
         layout = canvas(head + answer, editable, fill)
-        plans.append(Plan(1, len(editable), steps, seed + i, layout=layout, cut_at_eos=False))
+        plans.append(
+            Plan(1, len(editable), steps, member_seed(seed, i), layout=layout, cut_at_eos=False)
+        )
         heads.append(len(head))
     runs = run_cases(model, sampler, plans)
     answers = [

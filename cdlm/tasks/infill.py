@@ -21,6 +21,7 @@ from cdlm.generation import Plan
 from cdlm.generation.inputs import fill_id
 from cdlm.model_file import Model
 from cdlm.regions import Layout
+from cdlm.rng import member_seed
 from cdlm.tasks.passages import Passage
 from cdlm.tasks.runs import canvas, run_cases
 from cdlm.worlds.conditional import condition
@@ -90,7 +91,14 @@ def run(
     for span in spans:
         cases = make_cases(passages, span, seed)
         plans = [
-            Plan(1, len(c.passage.ids), steps, seed + i, layout=c.layout(fill), cut_at_eos=False)
+            Plan(
+                1,
+                len(c.passage.ids),
+                steps,
+                member_seed(seed, i),
+                layout=c.layout(fill),
+                cut_at_eos=False,
+            )
             for i, c in enumerate(cases)
         ]
         runs = run_cases(model, sampler, plans)
