@@ -24,21 +24,27 @@ import pytest
 import torch
 from conftest import TINY_TRAIN
 from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from reliability_helpers import one_thread  # noqa: F401 (autouse)
 from reliability_helpers import train_in_process as run
 from safetensors.torch import load_file
 
 from cdlm.data.order import ResumableLoader, ResumableSampler
+from cdlm.training.callbacks import LogSamples
+from cdlm.training.excess import WorldExcess
 from cdlm.training.lr_schedules import wallclock_cosine
+from cdlm.training.model_folder import ModelFolder
 from cdlm.training.phases import budget_progress
 from cdlm.training.resume import (
     AtomicCheckpointIO,
     Checkpoint,
     find_resume,
     is_whole_checkpoint,
+    stop_if_terminated,
 )
 
 TESTS = Path(__file__).parent
+SUBPROCESS_PATH = os.pathsep.join([str(TESTS), str(TESTS.parent)])  # this checkout's cdlm
 STEPS = 12
 RUN = [
     *TINY_TRAIN,
@@ -113,7 +119,7 @@ def test_sigkill_then_resume_auto_repeats_the_uninterrupted_run(
         f"hydra.run.dir={folder}",
     ]
     env = os.environ | {
-        "PYTHONPATH": str(TESTS),
+        "PYTHONPATH": SUBPROCESS_PATH,
         "PYTHONWARNINGS": "ignore",
         "OMP_NUM_THREADS": "1",
     }
@@ -138,6 +144,48 @@ def test_sigkill_then_resume_auto_repeats_the_uninterrupted_run(
         warnings.simplefilter("always")
         train_in_process(folder, tiny_corpus, "resume=auto", monkeypatch=monkeypatch)
     assert not [w for w in caught if "not resumable" in str(w.message)]
+    assert_same_run(folder, reference, step)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_between_steps_then_resume_auto_repeats_the_run(
+    reference, tiny_corpus, tmp_path, monkeypatch
+):
+    """SIGTERM (a sweep's kill) ends a real ``cdlm-train`` within seconds, with status 143 (not
+    Lightning's 0, which reads as finished) and one line naming the checkpoint; that checkpoint
+    is whole, and ``resume=auto`` from it repeats the uninterrupted run."""
+    folder = tmp_path / "terminated"
+    args = [sys.executable, "-m", "cdlm.cli.train", f"data.path={tiny_corpus}", *RUN]
+    args += ["+callbacks.pace._target_=reliability_helpers.Pace", "+callbacks.pace.seconds=0.25"]
+    env = os.environ | {
+        "PYTHONPATH": SUBPROCESS_PATH,
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [*args, f"hydra.run.dir={folder}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    first = folder / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 120
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 1.0))
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert alive and time.monotonic() - sent < 10, stderr[-2000:]
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, stderr[-2000:])
+    last = stderr.strip().splitlines()[-1]
+    start = find_resume(folder / "checkpoints")
+    step = int(torch.load(start, map_location="cpu", weights_only=False)["global_step"])
+    assert last.startswith("cdlm-train: stopped by SIGTERM at step") and str(start) in last, last
+    assert 2 <= step < STEPS and not (folder / "run.json").exists(), step
+    train_in_process(folder, tiny_corpus, "resume=auto", monkeypatch=monkeypatch)
     assert_same_run(folder, reference, step)
 
 
@@ -385,3 +433,22 @@ def test_the_state_key_is_lightnings_for_the_same_triggers(every_n_train_steps):
     assert ours.state_key == lightnings.state_key.replace("ModelCheckpoint", "Checkpoint", 1)
     with pytest.raises(ValueError, match="every_n_epochs is not supported"):
         Checkpoint(every_n_epochs=2)
+
+
+def test_long_callbacks_stop_a_terminated_run_before_their_work():
+    """Lightning reads ``trainer.received_sigterm`` between steps and validation batches only:
+    the callbacks that work for minutes (the world excess's oracle, sample logging, the final
+    bound) end the fit before they start once SIGTERM came, and not before."""
+    fit = SimpleNamespace(fn="fit")
+    trainer = SimpleNamespace(received_sigterm=True, sanity_checking=False, state=fit)
+    trainer.global_step = 7
+    hooks = [
+        lambda: WorldExcess(world="chars").on_validation_epoch_start(trainer, None),
+        lambda: LogSamples(num_samples=1).on_train_end(trainer, None),
+        lambda: ModelFolder(folder=".").on_train_end(trainer, None),
+    ]
+    for hook in hooks:
+        with pytest.raises(SIGTERMException):
+            hook()
+    trainer.received_sigterm = False
+    stop_if_terminated(trainer)

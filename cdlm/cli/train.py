@@ -1,5 +1,5 @@
 """``cdlm-train``: check the config, claim the run folder, build the run (``cdlm.run.build``) and
-fit it."""
+fit it; SIGTERM ends the fit between two steps with exit status 143 (docs/guide/reliability.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cdlm.cli.common import default_wandb_mode, hydra_args, run
@@ -18,7 +19,7 @@ from cdlm.run.build import setup
 from cdlm.run.folder import claim, discard_if_unused, hold, resume_point
 from cdlm.training.guard import Diverged
 from cdlm.training.lr_schedules import parse_duration
-from cdlm.training.resume import is_whole_checkpoint
+from cdlm.training.resume import SIGTERM_STATUS, is_whole_checkpoint, report_sigterm
 from cdlm.validation import (
     COUNT,
     FLAG,
@@ -162,6 +163,9 @@ def train(cfg: DictConfig) -> None:
         except Diverged as e:  # not bad input: exit status 1
             print(f"cdlm-train: error: {e}", file=sys.stderr)
             sys.exit(1)
+        except SIGTERMException:
+            report_sigterm(training.trainer)
+            sys.exit(SIGTERM_STATUS)
         if training.trainer.is_global_zero and not training.trainer.interrupted:
             steps = training.trainer.global_step
             record.write(folder, record.of_this_job("cdlm-train", cost, steps))

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generation import Plan, default_sampler, generate
 from cdlm.model_file import Model, save_model
-from cdlm.training.resume import weights_finite
+from cdlm.training.resume import stop_if_terminated, weights_finite
 from cdlm.training.scaling import batch_report, whole_model
 
 
@@ -73,6 +73,7 @@ class LogSamples(L.Callback):
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.num_samples < 1 or trainer.global_step == self.last_step:
             return
+        stop_if_terminated(trainer)
         self.last_step = trainer.global_step
         process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
         if process is None:

@@ -12,6 +12,7 @@ from cdlm import worlds
 from cdlm.evaluation.excess import GroupBits, group_bits, paired_bound
 from cdlm.model_file import Model, ModelFileError, oracle_model
 from cdlm.modes import eval_mode
+from cdlm.training.resume import stop_if_terminated
 from cdlm.training.scaling import whole_model
 
 
@@ -54,6 +55,7 @@ class WorldExcess(L.Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.world is None or trainer.sanity_checking or trainer.state.fn != "fit":
             return
+        stop_if_terminated(trainer)
         process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
         if process is None:
             return

@@ -22,6 +22,7 @@ from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.hub import write_companions
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode
+from cdlm.training.resume import stop_if_terminated
 from cdlm.training.scaling import batch_sizes, whole_model
 
 
@@ -64,6 +65,7 @@ class ModelFolder(L.Callback):
         }
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stop_if_terminated(trainer)
         process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
         if process is None:
             return

@@ -1,11 +1,12 @@
 """Checkpoints a killed run resumes from as if it had never stopped (docs/guide/reliability.md).
 
-Three pieces: ``Checkpoint`` writes Lightning checkpoints atomically (``AtomicCheckpointIO``),
+Four pieces: ``Checkpoint`` writes Lightning checkpoints atomically (``AtomicCheckpointIO``),
 by step count and by wall clock as well as at validation, never with non-finite weights;
 ``StepSeed`` makes each training step's randomness a function of the run's seed and the step's
 place in the data, so a resumed run draws the noise the uninterrupted one would have;
 ``find_resume`` picks the newest checkpoint of a run folder that is whole (``cdlm-train
-resume=auto``). The data order's position is saved by the dataloader itself
+resume=auto``); and SIGTERM ends a fit between two steps (Lightning's own handler, asked by the
+long callbacks too: ``stop_if_terminated``) with exit status 143 (``SIGTERM_STATUS``). The data order's position is saved by the dataloader itself
 (``cdlm.data.order``). Only Lightning's public API is used (issue 42,
 tests/test_lightning_public.py): a private member changes without notice on an upgrade.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import sys
 import time
 import zipfile
 from datetime import timedelta
@@ -25,6 +28,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cdlm.io import atomic_path
 
@@ -210,3 +214,27 @@ def find_resume(folder: str | Path) -> Path | None:
         if is_whole_checkpoint(path):
             return path
     return None
+
+
+SIGTERM_STATUS = 128 + signal.SIGTERM  # what a shell reports for a process SIGTERM ended
+
+
+def stop_if_terminated(trainer: L.Trainer) -> None:
+    """Ends the fit (``SIGTERMException``, as Lightning's loops do) where the run got SIGTERM.
+    Lightning's handler only sets ``trainer.received_sigterm``, which its loops read between
+    training steps and validation batches; a callback that works for minutes (the world
+    excess's oracle, sample logging, the final bound) asks before it starts."""
+    if trainer.received_sigterm:
+        raise SIGTERMException
+
+
+def report_sigterm(trainer: L.Trainer) -> None:
+    """After a fit that SIGTERM stopped (between two steps: no checkpoint half-written), says
+    on stderr (rank 0) where the run can resume. The caller then exits with ``SIGTERM_STATUS``:
+    Lightning's ``SIGTERMException`` exits with 0, and a killed sweep job would read as done."""
+    saver = trainer.checkpoint_callback
+    last = find_resume(saver.dirpath) if saver is not None and saver.dirpath else None
+    where = f"resume=auto continues from {last}" if last else "no checkpoint was written yet"
+    if trainer.is_global_zero:
+        step = trainer.global_step
+        print(f"cdlm-train: stopped by SIGTERM at step {step}; {where}", file=sys.stderr)
