@@ -156,3 +156,32 @@ def test_fused_adamw_from_the_optimizer_config_steps_like_unfused():
         stepped.append(params)
     for a, b in zip(*stepped, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_the_graphed_ar_step_replays_the_fixed_step_token_for_token():
+    """``sampler.graph``: the one-token step captured once in a CUDA graph and replayed draws
+    what the eager fixed-shape step draws (the same kernels), with a prefill before it, and both
+    track the growing cache's logits."""
+    network = net(causal=True)
+    process = AutoregressiveProcess(vocab_size=V, bos_id=BOS)
+    den = process.make_denoiser(network)
+    ids = torch.randint(0, V - 1, (8, L), device="cuda", generator=torch.Generator("cuda"))
+    editable = torch.arange(L, device="cuda").expand(8, L) >= 5  # a 5-token prompt
+    held = process.hold_fixed(den, ids, editable, None)
+    outs, logits = [], []
+    for options in ({}, {"fixed_shape": True}, {"graph": True}):
+        g = torch.Generator(device="cuda").manual_seed(5)
+        x = process.prior((8, L), torch.device("cuda"), g)
+        seen = []
+        with torch.no_grad():
+            out = sample_ar(
+                held, x, uniform_grid(1), process=process, generator=g, stop_at_eos=False,
+                callback=lambda info, seen=seen: seen.append(info.prediction.logits[:, -1]),
+                **options,
+            )  # fmt: skip
+        outs.append(out.tokens)
+        logits.append(torch.stack(seen))
+    growing, fixed, graphed = outs
+    assert torch.equal(graphed, fixed) and torch.equal(logits[2], logits[1])
+    assert torch.equal(fixed[~editable], ids[~editable])
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-4)

@@ -144,6 +144,9 @@ class CausalLM(AttentionPattern, nn.Module):
         """An empty KV cache, one layer per decoder layer."""
         return KVCache(len(self.lm.model.layers))
 
+    def new_fixed_cache(self, batch: int, graph: bool = False) -> KVCache:
+        raise ValueError("a fixed-shape decode step needs cdlm's own Transformer network")
+
     def _embed(self, x: Tensor, label: Tensor | None) -> Tensor:
         table = self.lm.get_input_embeddings()
         if x.is_floating_point():  # soft tokens: their expected embedding

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from cdlm.networks.cache import AttentionPattern, KVCache, LayerCache, check_positions
 from cdlm.networks.embedding import LabelEmbedding, refuse_labels
+from cdlm.networks.fixed_cache import FixedKVCache, kept
 
 
 def timestep_features(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
@@ -188,6 +189,15 @@ class Transformer(AttentionPattern, nn.Module):
         the rotary table's ``max_seq_len`` positions (no concatenation per decoding step)."""
         return KVCache(len(self.blocks), capacity=self.rotary.cos.shape[0])
 
+    def new_fixed_cache(self, batch: int, graph: bool = False) -> FixedKVCache:
+        """An empty fixed-shape cache for ``batch`` rows of a causal network's decoding
+        (``cdlm.networks.fixed_cache``; ``graph``: replay the one-token step from a CUDA graph)."""
+        if not self.causal:
+            raise ValueError("a fixed-shape decode step is for causal (AR) networks")
+        n, size, device = len(self.blocks), self.rotary.cos.shape[0], self.rotary.cos.device
+        make = lambda: FixedKVCache(n, batch, size, device, graph)  # noqa: E731
+        return kept(self, (batch, graph, device), make)
+
     def forward(
         self,
         x: Tensor,
@@ -209,9 +219,38 @@ class Transformer(AttentionPattern, nn.Module):
         e.g. block diffusion's vectorised training mask, or a chunk that writes clean positions
         and denoises a block in one call; it replaces the causal/annealed/cache mask; lengths:
         (B,) each row's real length, the keys at later positions (right padding) hidden from
-        every query (``AttentionPattern._unpadded``). Returns (B, L, out_dim)."""
+        every query (``AttentionPattern._unpadded``). A ``FixedKVCache`` runs ``_fixed_step``.
+        Returns (B, L, out_dim)."""
+        if isinstance(cache, FixedKVCache):
+            if any(a is not None for a in (self_cond, positions, attn_mask, lengths)):
+                raise ValueError("a fixed-shape step takes tokens, t and a label only")
+            return cache.run(lambda *a: self._fixed_step(*a, cache), x, t, label)
         length, past = x.shape[1], 0 if cache is None else cache.length
         rope = check_positions(x.shape[0], length, past, positions, self.rotary.cos.shape[0])
+        h = self._embed(x, self_cond)
+        c = self._condition(t, label, h)
+        mask, is_causal = self._attention(length, cache, x.device, attn_mask)
+        shape = (x.shape[0], length)
+        mask, is_causal = self._unpadded((mask, is_causal), rope, lengths, cache, shape, x.device)
+        write = cache is not None and not cache.frozen
+        for i, block in enumerate(self.blocks):
+            layer = None if cache is None else cache[i]
+            h = block(h, c, self.rotary, rope, layer, write, mask, is_causal)
+        return self._readout(h, c)
+
+    def _fixed_step(self, x: Tensor, t: Tensor, label: Tensor | None, cache: FixedKVCache):
+        """The forward pass over a fixed cache: no host sync and no Python branch on a value
+        that changes between calls, so a one-token call can be captured in a CUDA graph."""
+        h = self._embed(x, None)
+        c = self._condition(t, label, h)
+        rope, mask = cache.slots(x.shape[1]), cache.mask(x.shape[1])
+        for block, layer in zip(self.blocks, cache, strict=True):
+            h = block(h, c, self.rotary, rope, layer, True, mask, False)
+        cache.advance(x.shape[1])
+        return self._readout(h, c)
+
+    def _embed(self, x: Tensor, self_cond: Tensor | None) -> Tensor:
+        """(B, L, d_model): the input, with its self-conditioning estimate (zeros if none)."""
         tokens_in = isinstance(self.in_proj, nn.Embedding)
         if self.self_condition and not tokens_in:
             x = torch.cat([x, torch.zeros_like(x) if self_cond is None else self_cond], dim=-1)
@@ -223,17 +262,18 @@ class Transformer(AttentionPattern, nn.Module):
             width = self.self_cond_proj.in_features
             estimate = h.new_zeros(*h.shape[:2], width) if self_cond is None else self_cond
             h = h + self.self_cond_proj(estimate.to(h.dtype))
+        return h
+
+    def _condition(self, t: Tensor, label: Tensor | None, h: Tensor) -> Tensor:
+        """(B, d_model): the adaLN conditioning of noise level ``t`` and ``label``, in the
+        dtype of the embedded input ``h``."""
         c = self.time_mlp(timestep_features(t, self.d_model).to(h.dtype))
         if self.num_classes > 0:
-            c = c + self.label_embed.of(label, x.shape[0], x.device).to(c.dtype)
+            c = c + self.label_embed.of(label, h.shape[0], h.device).to(c.dtype)
         else:
             refuse_labels(label)
-        mask, is_causal = self._attention(length, cache, x.device, attn_mask)
-        shape = (x.shape[0], length)
-        mask, is_causal = self._unpadded((mask, is_causal), rope, lengths, cache, shape, x.device)
-        write = cache is not None and not cache.frozen
-        for i, block in enumerate(self.blocks):
-            layer = None if cache is None else cache[i]
-            h = block(h, c, self.rotary, rope, layer, write, mask, is_causal)
+        return c
+
+    def _readout(self, h: Tensor, c: Tensor) -> Tensor:
         shift, scale = self.ada_out(c).chunk(2, dim=-1)
         return self.out_proj(modulate(self.norm_out(h), shift, scale))

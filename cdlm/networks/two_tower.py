@@ -74,6 +74,9 @@ class TwoTower(nn.Module):
     def new_cache(self) -> KVCache:
         return self.context.new_cache()
 
+    def new_fixed_cache(self, batch: int, graph: bool = False) -> KVCache:
+        raise ValueError("a fixed-shape decode step needs cdlm's own Transformer network")
+
     def forward(
         self,
         x: Tensor,

@@ -29,6 +29,8 @@ def sample_ar(
     use_cache: bool = True,
     stop_at_eos: bool = True,
     fim_mode: str = "psm",
+    fixed_shape: bool = False,
+    graph: bool = False,
 ) -> SampleOutput:
     """Ancestral sampling, one token per network call; ``timesteps`` is ignored (the sequence
     length sets the number of calls). With ``use_cache`` each call feeds one new position and
@@ -37,11 +39,16 @@ def sample_ar(
     call reruns the whole prefix (the reference the cache is tested against). With
     ``stop_at_eos`` it stops once every row has produced EOS (the process's BOS id, which is the
     tokenizer's EOS) and later positions become EOS; without, it fills the whole canvas (EOS then
-    separates paragraphs, as in packed training data).
+    separates paragraphs, as in packed training data). ``fixed_shape``: decode over a fixed-shape
+    cache (``cdlm.networks.fixed_cache``: every one-token call has the same shapes; the same
+    tokens); ``graph`` (CUDA only): that step replayed from a CUDA graph, captured at its first
+    call, which saves the per-kernel launches that bound decoding at batch 1 on a GPU.
 
     An infill or edit template on a FIM-trained model (a ``FillInTheMiddle`` denoiser, from
     ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order."""
     if isinstance(denoiser, FillInTheMiddle):
+        if fixed_shape or graph:
+            raise ValueError("sampler.fixed_shape and sampler.graph decode left to right, not FIM")
         return sample_middles(
             denoiser,
             process.bos_id,
@@ -51,9 +58,9 @@ def sample_ar(
             use_cache=use_cache,
             mode=fim_mode,
         )
+    cache = _cache(denoiser, x, use_cache, fixed_shape, graph)
     x, (batch, length) = x.clone(), x.shape
     eos = process.bos_id
-    cache = denoiser.new_cache() if use_cache else None
     step_input = torch.full((batch, 1), eos, dtype=torch.long, device=x.device)
     done = torch.zeros(batch, dtype=torch.bool, device=x.device)
     positions, pred, i, first = 0, None, -1, 0
@@ -90,6 +97,27 @@ def sample_ar(
             x[:, i + 1 :] = eos
             break
     return SampleOutput(x=x, tokens=x, prediction=pred, nfe=i + 1 - first, positions=positions)
+
+
+def _cache(
+    denoiser: NextTokenPredictor, x: Tensor, use_cache: bool, fixed_shape: bool, graph: bool
+):
+    """The decode's KV cache: growing, fixed-shape (``fixed_shape``, or ``graph`` on CUDA), or
+    none (``use_cache`` false)."""
+    fixed = fixed_shape or graph
+    if fixed and not use_cache:
+        raise ValueError(
+            "sampler.fixed_shape and sampler.graph decode with the KV cache (use_cache)"
+        )
+    if graph and x.device.type != "cuda":
+        raise ValueError(
+            f"sampler.graph=true replays the decode step from a CUDA graph and needs a CUDA "
+            f"device; the model is on {x.device.type} (sampler.fixed_shape=true runs the same "
+            "fixed-shape step without the graph)"
+        )
+    if fixed:
+        return denoiser.new_fixed_cache(x.shape[0], graph)
+    return denoiser.new_cache() if use_cache else None
 
 
 def _starts(
