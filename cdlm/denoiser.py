@@ -93,10 +93,11 @@ class NetworkDenoiser:
         """An empty KV cache of the network (``cdlm.networks.cache``)."""
         return self.network.new_cache()
 
-    def new_fixed_cache(self, batch: int, graph: bool = False) -> Any:
-        """A fixed-shape KV cache of the network for ``batch`` rows, whose one-token decode
-        step a CUDA graph can capture (``graph``; ``cdlm.networks.fixed_cache``)."""
-        return self.network.new_fixed_cache(batch, graph)
+    def new_fixed_cache(self, batch: int, length: int, graph: bool = False) -> Any:
+        """A fixed-shape KV cache of the network for ``batch`` rows of ``length`` positions,
+        whose one-token decode step a CUDA graph can capture (``graph``;
+        ``cdlm.networks.fixed_cache``)."""
+        return self.network.new_fixed_cache(batch, length, graph)
 
     def network_length(self, length: int) -> int:
         """Positions the network runs for a canvas of ``length`` (a shifted layout adds one)."""
@@ -138,8 +139,8 @@ class Wrapper:
     def new_cache(self) -> Any:
         return self.denoiser.new_cache()
 
-    def new_fixed_cache(self, batch: int, graph: bool = False) -> Any:
-        return self.denoiser.new_fixed_cache(batch, graph)
+    def new_fixed_cache(self, batch: int, length: int, graph: bool = False) -> Any:
+        return self.denoiser.new_fixed_cache(batch, length, graph)
 
     def network_length(self, length: int) -> int:
         return self.denoiser.network_length(length)

@@ -1,5 +1,6 @@
 """The Python half of scripts/gpu_check.sh: times AR, block and speculative decoding
-(``speed``) and writes the one summary table of every step (``summary``).
+(``speed``) and writes the one summary table of every step (``summary``; the ``decode`` step's
+figures come from scripts/gpu_decode.py's JSON).
 
     python scripts/gpu_check.py speed --ar RUN --block RUN --out speed.json [--batches 1 16]
     python scripts/gpu_check.py summary OUT
@@ -70,6 +71,24 @@ def speed_figures(out: Path) -> str:
     )
 
 
+def decode_figures(out: Path) -> str:
+    """The median tokens/s of each row of scripts/gpu_decode.py, the block batch-1 repeats,
+    and whether the outlier recurred."""
+    path = out / "decode.json"
+    if not path.exists():
+        return "no decode.json"
+    found = json.loads(path.read_text())
+    rows = [
+        f"{r['row']} {r['model']} b{r['batch']}: "
+        + (f"skipped ({r['skipped']})" if "skipped" in r else spread_text(r["tokens_per_sec"]))
+        for r in found["rows"]
+    ]
+    repeats = [statistics.median(r["tokens_per_sec"]) for r in found["block_batch1"]]
+    rows.append("block b1 repeats (medians): " + ", ".join(f"{v:.0f}" for v in repeats))
+    rows.append(f"outlier recurred: {found['meta']['outlier']['recurred']}")
+    return "; ".join(rows)
+
+
 def log_figures(out: Path, name: str) -> str:
     """The pytest tally, a pip install's last line or a sample's speed line, from the log."""
     path = out / f"{name}.log"
@@ -87,6 +106,8 @@ def log_figures(out: Path, name: str) -> str:
 def figures(out: Path, name: str) -> str:
     if name == "speed":
         return speed_figures(out)
+    if name == "decode":
+        return decode_figures(out)
     if (out / f"{name}_metrics.csv").exists():
         return training_figures(out, name)
     return log_figures(out, name)

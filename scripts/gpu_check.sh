@@ -3,8 +3,11 @@
 # install cdlm (after the carried wheels in .whl/), the tests marked cuda, the quickstart for
 # TRAIN_SECONDS at batch BATCH in bf16-mixed and its samples, AR / block / speculative decoding
 # timed at batch 1 and 16 on two models trained SPEED_TRAIN_SECONDS each, and STEPS steps under
-# trainer=ddp and trainer=fsdp. Every step runs under `timeout` and fails on its own; the end is
-# one table (step, status, wall seconds, key figures), also in $OUT/summary.md and .json.
+# trainer=ddp and trainer=fsdp; then the decode check (scripts/gpu_decode.py: AR with and without
+# the fixed-shape step and its CUDA graph, block decoding and its batch-1 outlier). Every step runs
+# under `timeout` and fails on its own; the end is one table (step, status, wall seconds, key
+# figures), also in $OUT/summary.md and .json. ONLY="install decode ..." runs those steps alone
+# (scripts/gpu_decode.sh).
 # On a CPU the CUDA parts are skipped, and say so. Run from the repository root:
 #   OUT=gpu_out bash scripts/gpu_check.sh
 set -u
@@ -29,6 +32,10 @@ skip() { echo "== $1 skipped: $2"; record "$1" "skip:$2" 0; }
 step() {  # step NAME SECONDS COMMAND...: its log, exit status and wall time, whatever happens
     local name=$1 limit=$2 start=$SECONDS
     shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        skip "$name" "not in ONLY"
+        return
+    fi
     local left=$((BUDGET_SECONDS - SECONDS))
     if ((left < 15)); then
         skip "$name" "out of the ${BUDGET_SECONDS} s budget"
@@ -71,8 +78,10 @@ export -f install_cdlm train
 step install 150 install_cdlm
 if $py -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
     cuda=1 batch=${BATCH:-128} precision=${PRECISION:-bf16-mixed} batches=${SPEED_BATCHES:-1 16}
+    decode_len=${DECODE_SEQ_LEN:-128}
 else
     cuda=0 batch=${BATCH:-32} precision=${PRECISION:-auto} batches=${SPEED_BATCHES:-1 4}
+    decode_len=${DECODE_SEQ_LEN:-32}
     echo "no CUDA device: the CUDA parts are skipped, the rest runs on the CPU at batch $batch"
 fi
 
@@ -91,6 +100,10 @@ done
 step speed 240 $py scripts/gpu_check.py speed --ar "$RUNS/speed_model_autoregressive" \
     --block "$RUNS/speed_model_block" --out "$OUT/speed.json" --batches $batches \
     --repeats "${SPEED_REPEATS:-3}"
+# shellcheck disable=SC2086  # batches: a list of numbers
+step decode 300 $py scripts/gpu_decode.py --ar "$RUNS/speed_model_autoregressive" \
+    --block "$RUNS/speed_model_block" --out "$OUT/decode.json" --batches $batches \
+    --seq-len "$decode_len" --repeats "${SPEED_REPEATS:-3}"
 steps=("trainer.max_steps=$STEPS" "trainer.val_check_interval=$STEPS" "${common[@]}")
 step ddp $((SLACK + 30)) train ddp process=masked trainer=ddp "${steps[@]}"
 if ((cuda)); then

@@ -72,6 +72,11 @@ CASES = [
     ("cdlm-sample", ["ckpt=MASKED", "sampler=ddim"], "sampler 'ddim' does not fit a 'masked'"),
     ("cdlm-sample", ["ckpt=GAUSSIAN", "sampler=ancestral"], "does not fit a 'gaussian' model"),
     ("cdlm-sample", ["ckpt=AR", "sampler=ddpm"], "sampler 'ddpm' does not fit"),
+    (
+        "cdlm-sample",
+        ["ckpt=AR", "sampler=ar", "sampler.graph=true", "device=cpu"],
+        "sampler.graph=true replays the decode step from a CUDA graph and needs a CUDA device",
+    ),
     # each process's default sampler path, up to a label that does not exist
     ("cdlm-sample", ["ckpt=GAUSSIAN", "label=nobody"], "unknown label 'nobody'; this model knows"),
     ("cdlm-sample", ["ckpt=MASKED", "label=nobody"], "unknown label 'nobody'; this model knows"),

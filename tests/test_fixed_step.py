@@ -84,7 +84,11 @@ def test_the_graph_is_refused_off_cuda_and_the_fixed_cache_off_causal_networks()
     with pytest.raises(ValueError, match="decode with the KV cache"):
         sample_ar(den, x, uniform_grid(1), process=process, fixed_shape=True, use_cache=False)
     with pytest.raises(ValueError, match="causal"):
-        network(causal=False).new_fixed_cache(2)
-    cache = den.new_fixed_cache(2)
+        network(causal=False).new_fixed_cache(2, L)
+    cache = den.new_fixed_cache(2, L)
     with pytest.raises(ValueError, match="does not fit a fixed cache of 2 rows"):
         den(torch.zeros(3, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match=f"2 x {L + 1} does not fit .* {L} of {L} positions left"):
+        den(torch.zeros(2, L + 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="longer than this network's max_seq_len"):
+        den.new_fixed_cache(2, 10 * L)

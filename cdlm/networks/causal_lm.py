@@ -144,7 +144,7 @@ class CausalLM(AttentionPattern, nn.Module):
         """An empty KV cache, one layer per decoder layer."""
         return KVCache(len(self.lm.model.layers))
 
-    def new_fixed_cache(self, batch: int, graph: bool = False) -> KVCache:
+    def new_fixed_cache(self, batch: int, length: int, graph: bool = False) -> KVCache:
         raise ValueError("a fixed-shape decode step needs cdlm's own Transformer network")
 
     def _embed(self, x: Tensor, label: Tensor | None) -> Tensor:

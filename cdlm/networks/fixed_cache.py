@@ -76,7 +76,7 @@ class FixedKVCache:
 
     def __init__(
         self, n_layers: int, batch: int, capacity: int, device: torch.device, graph: bool = False
-    ) -> None:
+    ) -> None:  # capacity: the decode's canvas, so that no call attends over unused slots
         if graph and torch.device(device).type != "cuda":
             raise ValueError(f"a CUDA graph needs a CUDA device, got {device}")
         self.batch, self.capacity, self.graph = batch, capacity, graph

@@ -189,14 +189,16 @@ class Transformer(AttentionPattern, nn.Module):
         the rotary table's ``max_seq_len`` positions (no concatenation per decoding step)."""
         return KVCache(len(self.blocks), capacity=self.rotary.cos.shape[0])
 
-    def new_fixed_cache(self, batch: int, graph: bool = False) -> FixedKVCache:
-        """An empty fixed-shape cache for ``batch`` rows of a causal network's decoding
-        (``cdlm.networks.fixed_cache``; ``graph``: replay the one-token step from a CUDA graph)."""
+    def new_fixed_cache(self, batch: int, length: int, graph: bool = False) -> FixedKVCache:
+        """An empty fixed-shape cache for a causal network's decoding of ``batch`` rows of
+        ``length`` positions (``cdlm.networks.fixed_cache``; every call attends over all
+        ``length`` slots; ``graph``: replay the one-token step from a CUDA graph)."""
         if not self.causal:
             raise ValueError("a fixed-shape decode step is for causal (AR) networks")
-        n, size, device = len(self.blocks), self.rotary.cos.shape[0], self.rotary.cos.device
-        make = lambda: FixedKVCache(n, batch, size, device, graph)  # noqa: E731
-        return kept(self, (batch, graph, device), make)
+        check_positions(batch, length, 0, None, self.rotary.cos.shape[0])
+        n, device = len(self.blocks), self.rotary.cos.device
+        make = lambda: FixedKVCache(n, batch, length, device, graph)  # noqa: E731
+        return kept(self, (batch, length, graph, device), make)
 
     def forward(
         self,

@@ -74,7 +74,7 @@ class TwoTower(nn.Module):
     def new_cache(self) -> KVCache:
         return self.context.new_cache()
 
-    def new_fixed_cache(self, batch: int, graph: bool = False) -> KVCache:
+    def new_fixed_cache(self, batch: int, length: int, graph: bool = False) -> KVCache:
         raise ValueError("a fixed-shape decode step needs cdlm's own Transformer network")
 
     def forward(

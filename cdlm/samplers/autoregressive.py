@@ -116,7 +116,7 @@ def _cache(
             "fixed-shape step without the graph)"
         )
     if fixed:
-        return denoiser.new_fixed_cache(x.shape[0], graph)
+        return denoiser.new_fixed_cache(*x.shape, graph)
     return denoiser.new_cache() if use_cache else None
 
 
