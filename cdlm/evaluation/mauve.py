@@ -24,6 +24,7 @@ from cdlm.evaluation.quality import Scorer, padded
 from cdlm.evaluation.world_score import world_spec
 from cdlm.generation import Sample, check_whole_canvases
 from cdlm.likelihood.evaluate import validation_tokens
+from cdlm.rng import member_seed
 
 FEATURES = "final-layer hidden state of each text's last token"
 NOISE = (
@@ -90,7 +91,8 @@ def mauve_score(
 
 
 def mauve(loaded: Loaded, cfg: DictConfig, seeds: int, num_buckets: int | str = "auto") -> Measured:
-    """``metric=mauve``: for each of ``seeds`` seeds (``seed``, ``seed + 1``, ...),
+    """``metric=mauve``: for each of ``seeds`` seeds (``member_seed(seed, k)``: ``seed``, then
+    seeds no other base seed's run shares),
     ``num_samples`` samples with the chosen sampler and steps (cut at EOS as ``cut_at_eos``
     says) against as many val sequences cut to their lengths, MAUVE on the scorer's ``features``
     (``mauve_score``), beside both sets' gen-PPL and entropy. Refused for a model of an exact
@@ -113,10 +115,11 @@ def mauve(loaded: Loaded, cfg: DictConfig, seeds: int, num_buckets: int | str = 
         )
     scorer = scorer_of(str(cfg.scorer), loaded.device)
     rows = []
-    for seed in range(cfg.seed, cfg.seed + seeds):
+    for seed in (member_seed(cfg.seed, k) for k in range(seeds)):
         samples = draw(loaded, cfg, seed)
         real = reference_texts(model, val, samples)
-        rows.append({"seed": seed} | _compare(samples, real, scorer, num_buckets, seed))
+        kmeans = seed % 2**32  # scikit-learn's seeds are 32-bit
+        rows.append({"seed": seed} | _compare(samples, real, scorer, num_buckets, kmeans))
     values = [r["mauve"] for r in rows]
     spread = {
         "mean": statistics.fmean(values),
