@@ -225,8 +225,8 @@ def markdown(report: dict) -> str:
     ]
     reused = sorted({c[:7] for r in report["rows"] for c in r.get("reused", [])})
     if reused:
-        lines[1:1] = [f"Rows marked (reused) are carried over as measured at {', '.join(reused)}.",
-                      ""]  # fmt: skip
+        lines[1:1] = ["", f"Rows marked (reused) are carried over as measured at "
+                      f"{', '.join(reused)}."]  # fmt: skip
     for r in report["rows"]:
         b = r["bound"]
         gap = "inf" if math.isinf(r["kl_rate"]) else f"{r['kl_rate'] - r['kl_floor']:.4f}"
