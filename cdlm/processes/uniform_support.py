@@ -3,11 +3,11 @@
 Noise that redraws from every id of the tokenizer puts ``<pad>`` and ``<mask>`` (and in a world,
 which packs no ``<eos>``, that too) into x_t although no clean sequence holds them. A model then
 has to learn to give them no x0 mass, and a little left over is enough to keep one: the last step
-multiplies a token's x0_hat by its own evidence alpha K / (1 - alpha) + 1 (about 3,800 at
-t = 1/128), so a model with 1e-3 of x0_hat there ended 4.2% of its world samples holding one
-(docs/results/duo_last_step.md). Noise over the K tokens the data can hold is the uniform-state
-process on those K states: the prior, every kernel and the ELBO read K, and x0_hat gives the
-excluded ids no mass (as SUBS gives [MASK] none), so no step can draw one.
+multiplies a token's x0_hat by its own evidence alpha V / (1 - alpha) + 1 (about 3,800 at
+t = 1/128 for V = 30), so a model with 1e-3 of x0_hat there ended 4.2% of its world samples
+holding one (docs/results/duo_last_step.md). Noise over the K tokens the data can hold is the
+uniform-state process on those K states: the prior, every kernel and the ELBO read K, and x0_hat
+gives the excluded ids no mass (as SUBS gives [MASK] none), so no step can draw one.
 """
 
 from __future__ import annotations
