@@ -68,7 +68,10 @@ def oracle_model(
     if built.uniform_noise is None:
         network = OracleNetwork(world, **built.network_kwargs, **layout)
     else:  # uniform noise: each x_t is evidence, not an observation
-        network = UniformOracleNetwork(world, built.uniform_noise, **built.network_kwargs, **layout)
+        noise = built.uniform_noise
+        network = UniformOracleNetwork(
+            world, noise.schedule, noise.support.size, **built.network_kwargs, **layout
+        )
     config = {
         "process": cfg | kwargs,
         "network": {"_target_": qualname(network), "world": worlds.PREFIX + world.name},

@@ -12,7 +12,8 @@ samples, over the possible samples alone, the share of adjacent pairs the world 
 the NLL under the truth and the token entropy (beside exact samples'). Beside them each model's
 bound on exact samples, paired with the world's own NLL of those sequences (excess bits and its
 SE). Each model is evaluated in a child process of one thread (``--evaluate-one``), its rows
-cached in ``--evaluated``.
+cached in ``--evaluated``. ``--reuse FILE RECIPE...`` carries the rows of models not retrained
+over from an earlier results JSON, marked with the commits they were measured at.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import study
@@ -153,6 +155,7 @@ def last_step_check(spec: dict, sequences: int = 128) -> list[dict]:
     }
     x0 = world.sample(sequences, model.config["seq_len"], generator=generator(3))
     never = torch.tensor(model.tokenizer.all_special_ids)
+    support = model.process.uniform_noise.support.mask  # the sampler's (None: all V)
     out = []
     for steps in STEPS:
         t = torch.full((sequences,), 1 / steps)
@@ -163,7 +166,7 @@ def last_step_check(spec: dict, sequences: int = 128) -> list[dict]:
             with torch.no_grad():
                 x0_hat = judge.process.make_denoiser(judge.network)(c.x_t, t).logits
             x0_hat = x0_hat.double().softmax(-1)
-            q = uniform_posterior(x0_hat, c.x_t, torch.ones_like(alpha), alpha)  # q(x_0 | ...)
+            q = uniform_posterior(x0_hat, c.x_t, torch.ones_like(alpha), alpha, support)
             truth = q.gather(-1, x0[..., None]).squeeze(-1)
             row[name] = {
                 "never_mass": float(x0_hat[..., never].sum(-1).mean()),
@@ -172,6 +175,33 @@ def last_step_check(spec: dict, sequences: int = 128) -> list[dict]:
             }
         out.append(row)
     return out
+
+
+def restored(row: dict) -> dict:
+    """A row read back from a results JSON with its non-finite figures as floats again: the
+    strings of files written before ``study.write`` (``"Infinity"``, ``"NaN"``) and the nulls
+    named in ``infinite`` (a standard error NaN, any other figure infinite)."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            value = restored(value)
+        elif isinstance(value, list):
+            value = [restored(v) if isinstance(v, dict) else v for v in value]
+        elif isinstance(value, str) and value in ("Infinity", "-Infinity", "NaN"):
+            value = float(value)
+        elif value is None and key in row.get("infinite", []):
+            value = math.nan if key.endswith("_se") else math.inf
+        out[key] = value
+    out.pop("infinite", None)
+    return out
+
+
+def reused_rows(path: Path, recipes: list[str]) -> list[dict]:
+    """The rows of ``recipes`` in the results JSON ``path``, each with ``reused``: the commits
+    it was measured at."""
+    record = json.loads(path.read_text())
+    return [restored(r) | {"reused": record["commits"]} for r in record["rows"]
+            if r["recipe"] in recipes]  # fmt: skip
 
 
 def cell(mean: float, se: float, digits: int = 3) -> str:
@@ -193,11 +223,15 @@ def markdown(report: dict) -> str:
         "NLL under truth (entropy rate) | token entropy (exact samples') |",
         "|" + "---|" * 14,
     ]
+    reused = sorted({c[:7] for r in report["rows"] for c in r.get("reused", [])})
+    if reused:
+        lines[1:1] = ["", f"Rows marked (reused) are carried over as measured at "
+                      f"{', '.join(reused)}."]  # fmt: skip
     for r in report["rows"]:
         b = r["bound"]
         gap = "inf" if math.isinf(r["kl_rate"]) else f"{r['kl_rate'] - r['kl_floor']:.4f}"
         cells = [
-            r["recipe"], r["train_steps"], cell(b["excess_bits"], b["excess_se"]), r["sampler"],
+            r["recipe"] + (" (reused)" if r.get("reused") else ""), r["train_steps"], cell(b["excess_bits"], b["excess_se"]), r["sampler"],
             r["last_step"], r["steps"], cell(r["kl_rate"], r["kl_rate_se"], 4),
             f"{r['kl_floor']:.4f}", gap, cell(r["kl_rate_possible"], r["kl_rate_possible_se"], 4),
             f"{r['forbidden_pairs']:.5f}", f"{r['violation_rate']:.3f}",
@@ -239,6 +273,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bound-sequences", type=int, default=256)
     p.add_argument("--bound-draws", type=int, default=4)
     p.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
+    p.add_argument("--reuse", nargs="+", metavar=("JSON", "RECIPE"),
+                   help="an earlier results JSON and the recipes whose rows to carry over")  # fmt: skip
     p.add_argument("--evaluate-one", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -258,19 +294,28 @@ def main() -> None:
     options = [x for o in OPTIONS for x in (f"--{o.replace('_', '-')}", str(getattr(args, o)))]
     specs = specs_of(found)
     rows = study.evaluate_children(Path(__file__), specs, args.evaluated, 1, options)
+    if args.reuse:
+        rows += reused_rows(Path(args.reuse[0]), args.reuse[1:])
     checks = {s["name"]: c for s in specs if (c := last_step_check(s))}
     report = {"samples": args.samples, "sets": args.sets, "rows": rows, "jobs": study.rows(found),
               "last_step_check": checks}  # fmt: skip
-    # JSON has no infinity: an infinite KL rate (an impossible pair) is kept as a string
-    payload = json.loads(json.dumps(report), parse_constant=str)
+    print(publish(report, markdown(report), sys.argv[1:], found, args.results).read_text())
+
+
+def publish(report: dict, body: str, argv: list[str], found: dict, folder: Path) -> Path:
+    """The results doc and JSON through ``study.write``, whose one convention writes an
+    infinite KL rate (a sample the world cannot make) as null and names it in ``infinite``.
+    The training command sweeps the recipes this run trained (all three unless rows were
+    reused); ``argv``: this script's arguments."""
+    trained = sorted({r["recipe"] for r in report["rows"] if not r.get("reused")})
+    sweep = "" if len(trained) == 3 else f" hydra.sweeper.params.recipe={','.join(trained)}"
     commands = [
-        "cdlm-train -m experiment=duo_last_step hydra/launcher=joblib hydra.launcher.n_jobs=1",
-        "python experiments/duo_last_step.py " + " ".join(map(str, args.sweeps)),
+        f"cdlm-train -m experiment=duo_last_step{sweep} hydra/launcher=joblib "
+        "hydra.launcher.n_jobs=1",
+        "python experiments/duo_last_step.py " + " ".join(argv),
     ]
     title = "Duo's learned rows with the drawn last step"
-    path = study.write("duo_last_step", title, markdown(report), payload, commands, found,
-                       args.results)  # fmt: skip
-    print(path.read_text())
+    return study.write("duo_last_step", title, body, report, commands, found, folder)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from cdlm.run.build import model_config
 
 WORDS = ["<pad>", "<eos>", "<mask>", "a", "b", "c"]  # EOS (= BOS) 1, [MASK] 2
 V, L = len(WORDS), 4
+DATA_IDS = [0, 1, 3, 4, 5]  # what ``words`` draws: every id but [MASK]
 F64 = torch.float64
 TINY = [
     "network.d_model=8",
@@ -60,7 +61,8 @@ def build(name: str, overrides: list[str]) -> Parts:
     weights are nudged off adaLN-Zero's identity start, so every input reaches the output."""
     cfg = compose("train", [f"process={name}", *TINY, *overrides])
     tok = tokenizer()
-    process_kwargs = token_ids(cfg.process, tok)
+    held = [i for i in DATA_IDS if i in tok.all_special_ids]  # the data's specials, as
+    process_kwargs = token_ids(cfg.process, tok, held)  # a data module reports them
     torch.manual_seed(0)  # the gaussian embedding table and the network's weights
     process = instantiate(cfg.process, **process_kwargs)
     network_kwargs = process.network_kwargs | {"max_seq_len": L + 1, "num_classes": 0}
@@ -278,7 +280,7 @@ def gen(seed: int) -> torch.Generator:
 
 def words(n: int, seed: int) -> Tensor:
     """(n, L) token ids without the [MASK] token."""
-    return torch.tensor([0, 1, 3, 4, 5])[torch.randint(0, 5, (n, L), generator=gen(seed))]
+    return torch.tensor(DATA_IDS)[torch.randint(0, len(DATA_IDS), (n, L), generator=gen(seed))]
 
 
 def monte_carlo(process, denoiser, xs: Tensor, rows: int = 1024, draws: int = 16):

@@ -41,6 +41,7 @@ def test_config_dir_is_the_repo_conf():
 
 class StubTokenizer:
     mask_token_id, eos_token_id = 3, 1
+    all_special_ids = [0, 1, 3]  # pad, eos, mask: what uniform's noise support leaves out
 
     def __len__(self):
         return 50

@@ -30,3 +30,25 @@ def test_mean_and_se_over_sets():
 def test_uniform_draws_both_last_steps_and_masked_none():
     assert duo.configs("uniform") == [(last, s) for s in duo.STEPS for last in ("draw", "greedy")]
     assert duo.configs("masked") == [("-", s) for s in duo.STEPS]
+
+
+def test_an_infinite_kl_rate_reaches_the_json_as_null_and_named(tmp_path):
+    """The results JSON keeps one convention (``study.write``): an infinite KL rate is null,
+    its key named in the row's ``infinite``, never the string "Infinity"."""
+    import json
+
+    found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 1}}]}
+    row = {"recipe": "uniform", "kl_rate": math.inf, "kl_rate_se": math.nan, "kl_floor": 0.04}
+    duo.publish({"rows": [row]}, "body\n", ["sweep"], found, tmp_path)
+    text = (tmp_path / "duo_last_step.json").read_text()
+    record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    written = record["rows"][0]
+    assert written["kl_rate"] is None and written["kl_rate_se"] is None
+    assert written["kl_floor"] == 0.04 and written["infinite"] == ["kl_rate", "kl_rate_se"]
+    assert "recipe=uniform hydra" in record["command"]  # the one recipe trained
+    back = duo.restored(written)  # read back for --reuse
+    assert back["kl_rate"] == math.inf and math.isnan(back["kl_rate_se"]) and "infinite" not in back
+    old = {"kl_rate": "Infinity", "kl_rate_se": "NaN", "sets": [{"kl_rate": "Infinity"}]}
+    back = duo.restored(old)  # a file written before the convention
+    assert math.isinf(back["kl_rate"]) and math.isnan(back["kl_rate_se"])
+    assert math.isinf(back["sets"][0]["kl_rate"])

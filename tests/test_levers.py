@@ -120,7 +120,7 @@ def test_uniform_complement_redraws_what_the_first_kept_and_keeps_what_it_redrew
     g = torch.Generator().manual_seed(3)
     c = process.corrupt(tokens, process.sample_t(B, g), g)
     state = g.get_state()
-    pair = with_uniform_complement(c, process.schedule, V, process.t_min, g)
+    pair = with_uniform_complement(c, process.schedule, process.support, process.t_min, g)
     assert bool((pair.noisy[:B] ^ pair.noisy[B:]).all())
     second = pair.x_t[B:]
     assert torch.equal(second[c.noisy], tokens[c.noisy])  # the first's redrawn tokens, clean
@@ -141,7 +141,7 @@ def test_complementary_loss_is_the_mean_of_both_halves(make):
         valid = torch.ones(2 * B, L, dtype=torch.bool)
         rows, _ = process.elbo_terms(den(pair.x_t, pair.t).logits, pair, valid)
     else:
-        pair = with_uniform_complement(c, process.schedule, V, process.t_min, g)
+        pair = with_uniform_complement(c, process.schedule, process.support, process.t_min, g)
         valid = torch.ones(2 * B, L, dtype=torch.bool)
         rows = process.elbo_terms(den(pair.x_t, pair.t).logits, pair, valid)
     halves = [rows[:B].sum() / (B * L), rows[B:].sum() / (B * L)]

@@ -15,6 +15,8 @@ def test_uniform_trains_and_samples(tmp_path_factory, tiny_corpus, tmp_path):
     ckpt = train_tiny(tmp_path_factory, tiny_corpus, "process=uniform")
     model = load_model(ckpt)
     assert model.process.kind == "uniform" and model.process.default_sampler == "duo_ancestral"
+    tok = model.tokenizer  # text packs EOS, so the noise support keeps it and drops pad and mask
+    assert model.config["process"]["excluded"] == sorted([tok.pad_token_id, tok.mask_token_id])
     with (ckpt.parent / "csv" / "version_0" / "metrics.csv").open() as f:
         seen = {k: float(v) for row in csv.DictReader(f) for k, v in row.items() if v != ""}
     assert math.isfinite(seen["val/bits_per_token"]) and seen["val/bits_per_token"] > 0

@@ -23,6 +23,7 @@ from cdlm.processes.uniform import uniform_nelbo
 from cdlm.samplers.uniform import uniform_posterior
 
 LENGTH = 3
+STATES = 3  # the tiny world's symbols (ids 3..5): the noise's support, its specials left out
 
 
 def noisy_case(world, seed: int = 0):
@@ -30,20 +31,22 @@ def noisy_case(world, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     t = torch.tensor([0.05, 0.3, 0.6, 0.9, 0.999])
     model = oracle_model(world, process_cfg("uniform"))
+    assert model.process.support.ids.tolist() == [3, 4, 5]
     x_t = model.process.corrupt(world.sample(len(t), LENGTH, g), t, g).x_t
     return model, x_t, t
 
 
 def evidence_by_hand(x_t: torch.Tensor, alpha: float, vocab: int) -> torch.Tensor:
-    """(L, V) log q(x_t^j | x0^j = v) for one row, float64."""
-    ev = torch.full((len(x_t), vocab), (1 - alpha) / vocab, dtype=torch.float64)
+    """(L, V) log q(x_t^j | x0^j = v) for one row, float64: the noise draws from the STATES
+    symbols (off them the world's zero prior cancels whatever value)."""
+    ev = torch.full((len(x_t), vocab), (1 - alpha) / STATES, dtype=torch.float64)
     ev[torch.arange(len(x_t)), x_t] += alpha
     return ev.log()
 
 
 def test_uniform_oracle_is_the_leave_one_out_posterior():
     """x0_hat^i = p(x0^i | x_t at every other position), each noisy token read as the evidence
-    alpha [v = x_t] + (1 - alpha) / V: by enumeration of the world's sequences."""
+    alpha [v = x_t] + (1 - alpha) / K: by enumeration of the world's sequences."""
     world = tiny_world(length=LENGTH)
     seqs, p = enumerate_world(world, LENGTH)
     model, x_t, t = noisy_case(world)
@@ -69,16 +72,18 @@ def test_the_plug_in_step_on_the_oracle_is_the_exact_per_token_reverse_step():
     x0_hat = model.denoiser(x_t, t).logits.double().exp()
     a_t = model.process.keep(t.double())[:, 0]
     for a_s in (torch.full_like(a_t, 1.0), (a_t + 1) / 2):
-        step = uniform_posterior(x0_hat, x_t, a_s, a_t)
+        step = uniform_posterior(x0_hat, x_t, a_s, a_t, model.process.support.mask)
         for b in range(len(t)):
             full = brute_posterior(seqs, p, evidence_by_hand(x_t[b], float(a_t[b]), vocab))
             a = float(a_t[b] / a_s[b])  # s -> t keeps a token with probability a
-            back = torch.full((vocab,), (1 - a) / vocab, dtype=torch.float64)
+            back = torch.full((vocab,), (1 - a) / STATES, dtype=torch.float64)
+            on = (torch.arange(vocab) >= vocab - STATES).double()  # the support, the symbols
             for i in range(LENGTH):
                 back_i = back.clone()
                 back_i[x_t[b, i]] += a  # q(x_t^i | x_s^i = w)
                 eye = torch.eye(vocab, dtype=torch.float64)
-                forward = float(a_s[b]) * eye + (1 - float(a_s[b])) / vocab  # q(x_s = w | x0 = v)
+                a_sb = float(a_s[b])
+                forward = a_sb * eye + (1 - a_sb) * on / STATES  # q(x_s = w | x0 = v)
                 bayes = forward * back_i[None]  # rows v: q(x_s = w | x_t^i, x0 = v), unnormalised
                 bayes = bayes / bayes.sum(-1, keepdim=True)
                 want = full[i] @ bayes
@@ -92,8 +97,9 @@ def test_the_uniform_elbo_of_the_oracle_is_the_worlds_entropy():
     its place is 1.1 nats above."""
     world = tiny_world(length=LENGTH)
     seqs, p = enumerate_world(world, LENGTH)
-    model, vocab = oracle_model(world, process_cfg("uniform")), world.vocab_size
-    noisy = torch.tensor(list(itertools.product(range(vocab), repeat=LENGTH)))
+    model = oracle_model(world, process_cfg("uniform"))
+    support = model.process.support
+    noisy = torch.tensor(list(itertools.product(support.ids.tolist(), repeat=LENGTH)))
     x0, x_t = seqs.repeat_interleave(len(noisy), 0), noisy.repeat(len(seqs), 1)
     p0 = p.repeat_interleave(len(noisy))
     nodes, weights = np.polynomial.legendre.leggauss(48)
@@ -102,9 +108,9 @@ def test_the_uniform_elbo_of_the_oracle_is_the_worlds_entropy():
     for u, w in zip((nodes + 1) / 2 * -lo + lo, weights * -lo / 2, strict=True):
         t = torch.full((len(x_t),), float(np.exp(u)), dtype=torch.float64)
         a, da = model.process.schedule.keep(t), model.process.schedule.dkeep(t)
-        q = (a[:, None] * (x_t == x0) + (1 - a[:, None]) / vocab).prod(-1)  # q(x_t | x0)
+        q = (a[:, None] * (x_t == x0) + (1 - a[:, None]) / STATES).prod(-1)  # q(x_t | x0)
         logp = model.denoiser(x_t, t.float()).logits.double()
-        per = uniform_nelbo(logp, x_t, x0, a, da).sum(-1)
+        per = uniform_nelbo(logp, x_t, x0, a, da, support.mask).sum(-1)
         bound += w * float(t[0]) * float((p0 * q * per).sum())
     assert bound == pytest.approx(world.entropy(LENGTH), abs=1e-4)
 

@@ -140,6 +140,11 @@ class TextDataModule(RankedData):
         """Tokenise with ``tokenizer`` (a model's own) instead of building one; before setup."""
         self.tokenizer = tokenizer
 
+    def held_specials(self) -> list[int]:
+        """The special ids the rows hold at scored positions: EOS, which every format writes
+        (after each packed paragraph, each unpacked one, each response); PAD is never scored."""
+        return [self.tokenizer.eos_token_id]
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cdlm import rng
 from cdlm.processes.base import Corrupted
+from cdlm.processes.uniform_support import NoiseSupport
 from cdlm.schedules import MaskSchedule
 
 
@@ -48,12 +48,12 @@ def with_masked_complement(
 def with_uniform_complement(
     c: Corrupted,
     schedule: MaskSchedule,
-    vocab_size: int,
+    support: NoiseSupport,
     t_min: float,
     generator: torch.Generator | None = None,
 ) -> Corrupted:
     """A uniform-state corruption ``c`` and below it its complement: the resampled positions
-    clean, the kept ones redrawn uniformly from the vocabulary (a fresh draw)."""
-    noise = rng.randint(vocab_size, c.tokens.shape, generator, device=c.tokens.device)
+    clean, the kept ones redrawn uniformly from the noise's ``support`` (a fresh draw)."""
+    noise = support.draw(c.tokens.shape, generator, c.tokens.device)
     x_other = torch.where(c.noisy, c.tokens, noise)
     return stacked(c, x_other, complementary_level(schedule, c.t, t_min))

@@ -109,11 +109,17 @@ class GaussianCurriculum(nn.Module):
         )
         return 10.0**log_tau
 
-    def relax(self, tokens: Tensor, t: Tensor, noise: Tensor) -> Relaxed:
+    def relax(
+        self, tokens: Tensor, t: Tensor, noise: Tensor, support: Tensor | None = None
+    ) -> Relaxed:
         """The relaxed corruption of ``tokens`` (B, L) at curriculum times t (B,) with the
-        Gaussian draw ``noise`` (B, L, V)."""
+        Gaussian draw ``noise`` (B, L, V); on a noise ``support`` ((V,) bool, None: all V) the
+        latent lives on its K one-hots, so the argmax and the softmax never leave it."""
         w = gaussian_latent(tokens, self.gaussian.logsnr(t), noise)
-        dual = DualSchedule(self.gaussian, noise.shape[-1])
+        states = noise.shape[-1]
+        if support is not None:
+            w, states = w.masked_fill(~support, -math.inf), int(support.sum())
+        dual = DualSchedule(self.gaussian, states)
         return Relaxed(
             soft=(w / self.temperature()).softmax(-1),
             x_t=w.argmax(-1),

@@ -2,14 +2,16 @@
 "The Diffusion Duality").
 
 Each token stays itself with probability alpha(t) and is otherwise replaced by a token drawn
-uniformly from the whole vocabulary (specials included, as the reference draws from
-``len(tokenizer)``; nothing is absorbing, so no token is reserved). The marginal is
-q(x_t | x) = Cat(alpha x + (1 - alpha) / V), the prior is uniform noise, and any position may
-change at any step of decoding. With x_bar = V alpha x + (1 - alpha) (and x_bar_theta the same
-with the model's x0 estimate in place of x), the continuous-time ELBO per position, at the
-token i = x_t, is (Duo eq. 11; the reference's ``DUO_BASE.nll_per_token`` in another form):
+uniformly from the K tokens the data can hold (``cdlm.processes.uniform_support``: by default the
+tokenizer's ordinary tokens and the specials the data packs, EOS in text; the reference draws from
+all ``len(tokenizer)`` ids, which ``process.excluded=[]`` restores). The marginal is
+q(x_t | x) = Cat(alpha x + (1 - alpha) / K) over the support, the prior is uniform noise over it,
+and any position may change at any step of decoding. With x_bar = K alpha x + (1 - alpha) (and
+x_bar_theta the same with the model's x0 estimate in place of x), the continuous-time ELBO per
+position, at the token i = x_t, is (Duo eq. 11 with its V the support's K; the reference's
+``DUO_BASE.nll_per_token`` in another form):
 
-    alpha' / (V alpha) [ V / x_bar_i - V / x_bar_theta_i
+    alpha' / (K alpha) [ K / x_bar_i - K / x_bar_theta_i
                          - sum_j (x_bar_j / x_bar_i) log(x_bar_theta_i x_bar_j / (x_bar_theta_j x_bar_i)) ]
 
 which is >= 0 (alpha' < 0) and 0 when x_bar_theta = x_bar. The network reads time (its level
@@ -19,6 +21,7 @@ is not in the input, unlike masking's count of masks) unless ``time_conditioning
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +37,7 @@ from cdlm.processes.prompts import hold_tokens, prompt_of
 from cdlm.processes.token_process import TokenProcess
 from cdlm.processes.uniform_bound import uniform_nelbo
 from cdlm.processes.uniform_denoiser import HoldTokens, UniformDenoiser
+from cdlm.processes.uniform_support import NoiseSupport, UniformNoise
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
 
@@ -42,8 +46,9 @@ class UniformProcess(TokenProcess):
     """Uniform-state diffusion over token ids.
 
     Args:
-        vocab_size: tokenizer size (filled in from the data at build time); noise draws from
-            all of it.
+        vocab_size: tokenizer size (filled in from the data at build time).
+        excluded: ids noise never draws and x0_hat never predicts (filled in from the data: the
+            specials its rows never hold); empty, the default: the whole vocabulary.
         schedule: alpha(t) as a ``cdlm.schedules.MaskSchedule`` (keep(t); log-linear as Duo's
             ``noise=log-linear``, cosine, or ``cdlm.processes.duality.DualSchedule``).
         t_min: smallest training time (the ELBO weight alpha'/alpha grows towards alpha = 0).
@@ -76,6 +81,7 @@ class UniformProcess(TokenProcess):
         flat_weight: bool = False,
         complementary: bool = False,
         time_conditioning: bool = True,
+        excluded: Sequence[int] = (),
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -85,6 +91,7 @@ class UniformProcess(TokenProcess):
                 f"mask_schedule=cosine), got {type(schedule).__name__}"
             )
         self.vocab_size, self.schedule, self.t_min = vocab_size, schedule, t_min
+        self.support = NoiseSupport(vocab_size, excluded)
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         self.time_sampler.attach(self.schedule)
         self.curriculum = curriculum if curriculum is not None else GaussianCurriculum()
@@ -106,13 +113,13 @@ class UniformProcess(TokenProcess):
         return self.schedule
 
     @property
-    def uniform_noise(self) -> MaskSchedule:
-        """alpha(t): an exact denoiser reads each x_t as evidence alpha [v = x_t] + (1 - alpha) / V
-        (``cdlm.worlds.uniform``)."""
-        return self.schedule
+    def uniform_noise(self) -> UniformNoise:
+        """alpha(t) and the support: an exact denoiser reads each x_t as evidence
+        alpha [v = x_t] + (1 - alpha) / K (``cdlm.worlds.uniform``)."""
+        return UniformNoise(self.schedule, self.support)
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return UniformDenoiser(network, self.time_conditioning)
+        return UniformDenoiser(network, self.time_conditioning, self.support)
 
     def keep(self, t: Tensor) -> Tensor:
         """alpha(t) shaped to (B, L) tokens: t is (B,) or per token (B, L)."""
@@ -120,9 +127,10 @@ class UniformProcess(TokenProcess):
         return keep[:, None] if keep.dim() == 1 else keep
 
     def noised(self, tokens: Tensor, keep: Tensor, generator) -> tuple[Tensor, Tensor]:
-        """(x_t, resampled): each token kept with probability ``keep``, else a uniform draw."""
+        """(x_t, resampled): each token kept with probability ``keep``, else a uniform draw
+        from the support."""
         u = rng.rand(tokens.shape, generator, device=tokens.device)
-        noise = rng.randint(self.vocab_size, tokens.shape, generator, device=tokens.device)
+        noise = self.support.draw(tokens.shape, generator, tokens.device)
         resampled = u >= keep
         return torch.where(resampled, noise, tokens), resampled
 
@@ -141,23 +149,22 @@ class UniformProcess(TokenProcess):
         their noise: the deterministic DDIM trajectory given ``tokens`` that Duo's consistency
         distillation (Sec. 5) walks. Each level's logsnr is the one whose argmax keeps a token
         with probability keep(t); the argmaxes come from ``draw_runner`` in O(B L)."""
-        mu_t, mu_s = (
-            torch.exp(0.5 * logsnr_of_alpha(self.keep(v), self.vocab_size)) for v in (t, s)
-        )
-        own, runner, runner_id = draw_runner(tokens, self.vocab_size, generator)
-        return argmax_pair(tokens, mu_t, mu_s, own, runner, runner_id)
+        k = self.support.size  # the Gaussian lives on the support's K one-hots
+        mu_t, mu_s = (torch.exp(0.5 * logsnr_of_alpha(self.keep(v), k)) for v in (t, s))
+        own, runner, runner_at = draw_runner(self.support.index[tokens], k, generator)
+        return argmax_pair(tokens, mu_t, mu_s, own, runner, self.support.ids[runner_at])
 
     def weight(self, t: Tensor) -> Tensor:
-        """The ELBO's factor alpha'(t) / (V alpha(t)) before the bracket (module docstring)."""
-        return self.schedule.dkeep(t) / (self.vocab_size * self.schedule.keep(t))
+        """The ELBO's factor alpha'(t) / (K alpha(t)) before the bracket (module docstring)."""
+        return self.schedule.dkeep(t) / (self.support.size * self.schedule.keep(t))
 
     def integrand(
         self, logp: Tensor, x_t: Tensor, x0: Tensor, keep: Tensor, dkeep: Tensor
     ) -> Tensor:
         """(B, L) the NELBO integrand (``uniform_nelbo``); with ``flat_weight`` in training,
         divided by |alpha' / alpha|, the ELBO's time weight: the bracket over V, whose scale
-        is the ELBO's (dividing by V too would multiply the loss by the vocabulary size)."""
-        per = uniform_nelbo(logp, x_t, x0, keep, dkeep)
+        is the ELBO's (dividing by K too would multiply the loss by the support's size)."""
+        per = uniform_nelbo(logp, x_t, x0, keep, dkeep, self.support.mask)
         if not (self.training and self.flat_weight):
             return per
         factor = (dkeep.double() / keep.double()).abs()
@@ -166,8 +173,8 @@ class UniformProcess(TokenProcess):
     def prior(
         self, shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
     ) -> Tensor:
-        """Uniform noise over the vocabulary, (B, L), drawn from ``generator``."""
-        return rng.randint(self.vocab_size, shape, generator, device=device)
+        """Uniform noise over the support, (B, L), drawn from ``generator``."""
+        return self.support.draw(shape, generator, device)
 
     def elbo_terms(self, logp: Tensor, c: Corrupted, valid: Tensor) -> Tensor:
         """(B,) the ELBO integrand summed over the valid positions, nats."""
@@ -194,6 +201,7 @@ class UniformProcess(TokenProcess):
         conditions on -log alpha in both phases, so the level means one thing in both). A prompt
         (``cdlm.processes.prompts``) is held clean, as at sampling, and never scored."""
         tokens, valid = batch["tokens"], valid_mask(batch)
+        self.support.check(tokens, valid)
         t = self.sample_t(tokens.shape[0], generator, device=tokens.device, length=tokens.shape[1])
         tau = 0.0  # the exact corruption is the tau -> 0 limit; logged every step, as Lightning
         # repeats a key's last value on steps that do not log it
@@ -204,9 +212,7 @@ class UniformProcess(TokenProcess):
         else:
             c = self.corrupt(tokens, t, generator)
             if self.training and self.complementary:
-                c = with_uniform_complement(
-                    c, self.schedule, self.vocab_size, self.t_min, generator
-                )
+                c = with_uniform_complement(c, self.schedule, self.support, self.t_min, generator)
                 valid = valid.repeat(2, 1)
             prompt = prompt_of(batch)
             if prompt is not None:  # never dropped here (check_prompts): no blank to show
@@ -239,7 +245,7 @@ class UniformProcess(TokenProcess):
         fresh (B, L, V) Gaussian draw from ``generator``."""
         shape = (*tokens.shape, self.vocab_size)
         noise = torch.randn(shape, device=tokens.device, generator=generator)
-        return self.curriculum.relax(tokens, t, noise)
+        return self.curriculum.relax(tokens, t, noise, self.support.mask)
 
     @torch.no_grad()
     def evaluate_at(
@@ -247,14 +253,14 @@ class UniformProcess(TokenProcess):
     ) -> LevelEval:
         """The model's log-probabilities at level t (a float, (B,) or (B, L)), scored on the
         resampled positions, beside each position's own evidence log q(x_t | x0 = v) =
-        log(alpha [v = x_t] + (1 - alpha) / V)."""
+        log(alpha [v = x_t] + (1 - alpha) / K)."""
         if not torch.is_tensor(t):
             t = torch.full((tokens.shape[0],), float(t), device=tokens.device)
         c = self.corrupt(tokens, t, generator)
         logits = denoiser(c.x_t, c.t).logits
         a = self.keep(t).to(logits.dtype)[..., None]
         same = nn.functional.one_hot(c.x_t, self.vocab_size).to(logits.dtype)
-        evidence = torch.log(a * same + (1 - a) / self.vocab_size)
+        evidence = torch.log(a * same + (1 - a) / self.support.size)
         return LevelEval(logits, tokens, c.noisy, evidence)
 
     def start(

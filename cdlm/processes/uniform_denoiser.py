@@ -9,20 +9,31 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import Denoiser, NetworkDenoiser, Prediction, Wrapper, columns, full_precision
+from cdlm.processes.uniform_support import NoiseSupport
 
 
 class UniformDenoiser(NetworkDenoiser):
-    """log-probabilities of the clean token at every position. The network reads one level
-    per sequence: per-token levels (B, L) are averaged, as the reference's ``_process_sigma``
-    averages its per-token sigma; without ``time_conditioning`` it reads 0 (no level)."""
+    """log-probabilities of the clean token at every position, none outside the noise's
+    ``support`` (``cdlm.processes.uniform_support``; as SUBS gives [MASK] none). The network
+    reads one level per sequence: per-token levels (B, L) are averaged, as the reference's
+    ``_process_sigma`` averages its per-token sigma; without ``time_conditioning`` it reads 0
+    (no level)."""
 
-    def __init__(self, network: nn.Module, time_conditioning: bool = True) -> None:
-        self.network, self.time_conditioning = network, time_conditioning
+    def __init__(
+        self,
+        network: nn.Module,
+        time_conditioning: bool = True,
+        support: NoiseSupport | None = None,
+    ) -> None:
+        self.network, self.time_conditioning, self.support = network, time_conditioning, support
 
     def __call__(self, z: Tensor, t: Tensor, self_cond: Tensor | None = None, **kwargs):
         level = t.mean(-1) if t.dim() == 2 else t
         level = level if self.time_conditioning else torch.zeros_like(level)
-        return Prediction(logits=full_precision(self.network(z, level, **kwargs)).log_softmax(-1))
+        logits = full_precision(self.network(z, level, **kwargs))
+        if self.support is not None:
+            logits = self.support.restrict(logits)
+        return Prediction(logits=logits.log_softmax(-1))
 
 
 class HoldTokens(Wrapper):

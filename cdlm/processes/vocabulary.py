@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cdlm.processes import fim
+from cdlm.processes.uniform_support import excluded_ids
 
 
-def token_ids(process_cfg: Any, tokenizer) -> dict[str, Any]:
+def token_ids(process_cfg: Any, tokenizer, held: Sequence[int] = ()) -> dict[str, Any]:
     """The vocabulary facts a process config asks for (its keys left null), from the tokenizer.
     A process that fills in the middle (``fim_rate`` > 0) gets its sentinels, which are added
-    to the tokenizer here, so that the vocabulary counts them."""
+    to the tokenizer here, so that the vocabulary counts them. A uniform process whose
+    ``excluded`` is null gets the special ids outside ``held``, the specials the data's rows
+    hold (a world's none; text's EOS, which its packing writes); a list given stays."""
     fim_ids = fim.add_tokens(tokenizer) if process_cfg.get("fim_rate") else None
     known = {
         "fim_ids": fim_ids,
@@ -19,4 +23,6 @@ def token_ids(process_cfg: Any, tokenizer) -> dict[str, Any]:
         "eos_id": tokenizer.eos_token_id,
         "bos_id": tokenizer.eos_token_id,  # the AR baseline starts every sequence at EOS
     }
+    if "excluded" in process_cfg and process_cfg.get("excluded") is None:
+        known["excluded"] = excluded_ids(tokenizer, held)
     return {k: v for k, v in known.items() if k == "vocab_size" or k in process_cfg}

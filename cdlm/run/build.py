@@ -87,7 +87,7 @@ def _data(cfg: DictConfig, tokenizer=None) -> L.LightningDataModule:
 
 def _process(cfg: DictConfig, data) -> tuple[dict, Process, dict]:
     """(the vocabulary facts filled in, the process, the network widths it asks for)."""
-    process_kwargs = token_ids(cfg.process, data.tokenizer)
+    process_kwargs = token_ids(cfg.process, data.tokenizer, data.held_specials())
     process = instantiate(cfg.process, **process_kwargs)
     if cfg.data.get("format") == "pairs" or cfg.data.get("prompt_rate"):  # rows with prompts
         process.check_prompts(cfg.condition.prompt_dropout)

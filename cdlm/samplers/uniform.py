@@ -28,17 +28,30 @@ from cdlm.denoiser import Denoiser
 from cdlm.samplers.base import Callback, SampleOutput, StepInfo, register, sample_categorical
 
 
-def uniform_posterior(p_x0: Tensor, x_t: Tensor, alpha_s: Tensor, alpha_t: Tensor) -> Tensor:
+def noise_of(p_x0: Tensor, support: Tensor | None) -> tuple[Tensor | float, Tensor | float]:
+    """(the noise's law over the V ids, 1 / K): uniform on the ``support`` ((V,) bool; None:
+    all V), in float64."""
+    if support is None:
+        return 1.0 / p_x0.shape[-1], 1.0 / p_x0.shape[-1]
+    states = support.double().sum()
+    return support.double() / states, 1.0 / states
+
+
+def uniform_posterior(
+    p_x0: Tensor, x_t: Tensor, alpha_s: Tensor, alpha_t: Tensor, support: Tensor | None = None
+) -> Tensor:
     """(B, L, V) q(x_s | x_t, x0) with x0 ~ ``p_x0`` (B, L, V) probabilities, in float64.
 
     With a = alpha_t / alpha_s the s -> t transition keeps a token with probability a, so
     q(x_s = v) is proportional to q(x_t | x_s = v) q(x_s = v | x0):
-    (a [v = x_t] + (1 - a) / V) (alpha_s p_v + (1 - alpha_s) / V); alpha_s, alpha_t: (B,)."""
-    p, vocab = p_x0.double(), p_x0.shape[-1]
+    (a [v = x_t] + (1 - a) / K) (alpha_s p_v + (1 - alpha_s) [v in support] / K); alpha_s,
+    alpha_t: (B,); ``support``: (V,) bool, the K ids the noise draws from (None: all V), which
+    hold x_t and p_x0's mass, so no other id gets any."""
+    p, (noise, per_state) = p_x0.double(), noise_of(p_x0, support)
     a_s, a_t = (v.double().view(-1, 1, 1) for v in (alpha_s, alpha_t))
     a, at = a_t / a_s, x_t[..., None]
-    forward = a_s * p + (1 - a_s) / vocab  # q(x_s | x0)
-    joint = forward * ((1 - a) / vocab)  # times q(x_t | x_s) off x_t; at x_t add a q(x_s | x0)
+    forward = a_s * p + (1 - a_s) * noise  # q(x_s | x0)
+    joint = forward * ((1 - a) * per_state)  # times q(x_t | x_s) off x_t; at x_t add a q(x_s | x0)
     joint.scatter_add_(-1, at, a * forward.gather(-1, at))
     return joint / joint.sum(-1, keepdim=True)
 
@@ -50,26 +63,34 @@ def step_posterior(
     alpha_t: Tensor,
     generator: torch.Generator | None,
     temperature: float = 1.0,
+    support: Tensor | None = None,
 ) -> Tensor:
-    """One ancestral step: x_s ~ q(x_s | x_t, x0_hat), x0_hat = softmax(``logp``) (B, L, V)."""
-    q = uniform_posterior(logp.double().softmax(-1), x_t, alpha_s, alpha_t)
+    """One ancestral step: x_s ~ q(x_s | x_t, x0_hat), x0_hat = softmax(``logp``) (B, L, V),
+    on the noise's ``support`` (``uniform_posterior``)."""
+    q = uniform_posterior(logp.double().softmax(-1), x_t, alpha_s, alpha_t, support)
     return sample_categorical(q.log(), generator, temperature)
 
 
 def psi_posterior(
-    p_x0: Tensor, x_t: Tensor, alpha_s: Tensor, alpha_t: Tensor, kappa: Tensor
+    p_x0: Tensor,
+    x_t: Tensor,
+    alpha_s: Tensor,
+    alpha_t: Tensor,
+    kappa: Tensor,
+    support: Tensor | None = None,
 ) -> Tensor:
     """(B, L, V) the Psi-sampler's draw distribution (Deschenaux, Gulcehre & Sahoo 2026,
     "The Diffusion Duality, Chapter II"), in float64.
 
     kappa (B,) mixes the predictor, the posterior q(x_s | x_t, x0_hat), with the corrector:
     the posterior all the way to t = 0, q(x_0 | x_t, x0_hat), carried forward to level s by the
-    exact kernel alpha_s p + (1 - alpha_s) / V. kappa = 1 is ``duo_ancestral``; kappa = 0 is a
-    full predict-x0-then-renoise step, which lets committed tokens change again."""
-    vocab, a_s = p_x0.shape[-1], alpha_s.double().view(-1, 1, 1)
-    predictor = uniform_posterior(p_x0, x_t, alpha_s, alpha_t)
-    to_clean = uniform_posterior(p_x0, x_t, torch.ones_like(alpha_s), alpha_t)
-    corrector = a_s * to_clean + (1 - a_s) / vocab
+    exact kernel alpha_s p + (1 - alpha_s) / K on the noise's ``support`` (None: all V).
+    kappa = 1 is ``duo_ancestral``; kappa = 0 is a full predict-x0-then-renoise step, which lets
+    committed tokens change again."""
+    noise, a_s = noise_of(p_x0, support)[0], alpha_s.double().view(-1, 1, 1)
+    predictor = uniform_posterior(p_x0, x_t, alpha_s, alpha_t, support)
+    to_clean = uniform_posterior(p_x0, x_t, torch.ones_like(alpha_s), alpha_t, support)
+    corrector = a_s * to_clean + (1 - a_s) * noise
     k = kappa.double().view(-1, 1, 1)
     return k * predictor + (1 - k) * corrector
 
@@ -166,9 +187,10 @@ def sample_duo_ancestral(
     the denoiser holds (``held_tokens``: infilling) are put in place first and never
     resampled."""
     check_last_step(last_step)
+    support = process.uniform_noise.support.mask
 
     def step(x_t: Tensor, logits: Tensor, a_s: Tensor, a_t: Tensor) -> Tensor:
-        return step_posterior(x_t, logits, a_s, a_t, generator, temperature)
+        return step_posterior(x_t, logits, a_s, a_t, generator, temperature, support)
 
     return _decode(denoiser, x, timesteps, process, step, callback, last_step)
 
@@ -194,11 +216,11 @@ def sample_duo_psi(
     reuses the predictor's x0 estimate, so it is one call per interval, like ancestral."""
     psi_kappa(torch.ones(1), torch.ones(1), mode, eta)  # an unknown mode fails before any call
     check_last_step(last_step)
+    support = process.uniform_noise.support.mask
 
     def step(x_t: Tensor, logits: Tensor, a_s: Tensor, a_t: Tensor) -> Tensor:
-        q = psi_posterior(
-            logits.double().softmax(-1), x_t, a_s, a_t, psi_kappa(a_t, a_s, mode, eta)
-        )
+        kappa = psi_kappa(a_t, a_s, mode, eta)
+        q = psi_posterior(logits.double().softmax(-1), x_t, a_s, a_t, kappa, support)
         return sample_categorical(q.log(), generator, temperature)
 
     return _decode(denoiser, x, timesteps, process, step, callback, last_step)

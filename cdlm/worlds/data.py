@@ -164,6 +164,10 @@ class WorldData(RankedData):
         self.order: ResumableSampler | None = None  # a finite set's order, for the whole fit
         self.stream: FreshBatches | None = None  # this rank's, with fresh samples
 
+    def held_specials(self) -> list[int]:
+        """None: a world emits none of its tokenizer's special tokens."""
+        return []
+
     def use_tokenizer(self, tokenizer) -> None:
         """Accept ``tokenizer`` (a teacher's) if it is the world's own; before setup."""
         self.given_tokenizer = tokenizer

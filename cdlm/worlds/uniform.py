@@ -1,19 +1,21 @@
 """The exact denoiser of uniform-state noise (``process=uniform``; UDLM, Duo) on a world.
 
-Uniform noise keeps each token with probability alpha_t and otherwise redraws it from all V
-ids, so a noisy token x_t^j is evidence q(x_t^j | x0^j = v) = alpha_t [v = x_t^j] +
-(1 - alpha_t) / V about x0^j: never an observation of it (the masked oracle's reading). The
-world's forward-backward over that evidence gives the posterior p(x0^i | x_t).
+Uniform noise keeps each token with probability alpha_t and otherwise redraws it from the K ids
+of its support (``cdlm.processes.uniform_support``: the world's tokens, or all V), so a noisy
+token x_t^j is evidence q(x_t^j | x0^j = v) = alpha_t [v = x_t^j] + (1 - alpha_t) / K about
+x0^j: never an observation of it (the masked oracle's reading). The world's forward-backward
+over that evidence gives the posterior p(x0^i | x_t); the ids outside the support, which the
+world never emits, get none.
 
 What the network must output is not that posterior but the leave-one-out posterior
 p(x0^i | x_t^{-i}) (the evidence of every position but i), by two routes that agree:
 
-- The ELBO (Duo eq. 11; UDLM) scores x_bar_theta = V alpha x0_hat + 1 - alpha only through
+- The ELBO (Duo eq. 11; UDLM) scores x_bar_theta = K alpha x0_hat + 1 - alpha only through
   the ratios x_bar_theta_j / x_bar_theta_i, which stand for the true reverse-rate ratios
   p_t(x^{i -> j}) / p_t(x). Marginalising x0^i given the other positions' tokens, that ratio is
   sum_v p(x0^i = v | x_t^{-i}) q(j | v) / sum_v p(x0^i = v | x_t^{-i}) q(x_t^i | v), which is
   x_bar_theta_j / x_bar_theta_i exactly when x0_hat = p(x0^i | x_t^{-i}); x_bar_theta sums to
-  V, so the minimiser is unique.
+  K, so the minimiser is unique.
 - The plug-in step q(x_s | x_t, x0_hat) (``cdlm.samplers.uniform.uniform_posterior``) is
   proportional to q(x_t^i | x_s^i) sum_v q(x_s^i | v) x0_hat(v), while the exact per-token
   marginal is sum_v q(x_s^i | x_t^i, v) p(x0^i = v | x_t), and
@@ -40,13 +42,15 @@ from cdlm.worlds.base import NEVER, World
 from cdlm.worlds.oracle import OracleNetwork
 
 
-def uniform_evidence(x_t: Tensor, keep: Tensor, vocab: int) -> Tensor:
-    """(B, L, V) log q(x_t | x0 = v) = log(alpha [v = x_t] + (1 - alpha) / V), float64.
+def uniform_evidence(x_t: Tensor, keep: Tensor, vocab: int, states: int | None = None) -> Tensor:
+    """(B, L, V) log q(x_t | x0 = v) = log(alpha [v = x_t] + (1 - alpha) / K), float64.
 
-    x_t: (B, L) ids; keep: alpha_t, (B,) or per token (B, L)."""
-    a = keep.double()
+    x_t: (B, L) ids; keep: alpha_t, (B,) or per token (B, L); states: the K ids the noise draws
+    from (None: all ``vocab``). Off the support q(x_t | x0 = v) has no meaning (no clean token
+    is there); it gets the same off-token value, which the world's zero prior there cancels."""
+    a, states = keep.double(), vocab if states is None else states
     a = (a[:, None] if a.dim() == 1 else a)[..., None].expand(*x_t.shape, 1)
-    ev = ((1 - a) / vocab).expand(*x_t.shape, vocab).clone()
+    ev = ((1 - a) / states).expand(*x_t.shape, vocab).clone()
     ev.scatter_add_(-1, x_t[..., None], a)
     return ev.log()
 
@@ -58,16 +62,20 @@ class UniformOracleNetwork(OracleNetwork):
     Args:
         world, out_dim, in_vocab, self_condition, max_seq_len, num_classes: as
             ``OracleNetwork``.
-        schedule: alpha(t) of the uniform process (its ``uniform_noise``).
+        schedule: alpha(t) of the uniform process (its ``uniform_noise.schedule``).
+        states: the K ids its noise draws from (its ``uniform_noise.support.size``); None: all
+            of the world's vocabulary.
         causal, shift, mask_id: must be the uniform process's (bidirectional, unshifted, no
             mask).
     """
 
-    def __init__(self, world: World, schedule: MaskSchedule, **kwargs) -> None:
+    def __init__(
+        self, world: World, schedule: MaskSchedule, states: int | None = None, **kwargs
+    ) -> None:
         if kwargs.get("causal") or kwargs.get("shift") or kwargs.get("mask_id") is not None:
             raise ValueError("a uniform oracle reads every position unshifted, with no [MASK]")
         super().__init__(world, **kwargs)
-        self.schedule = schedule
+        self.schedule, self.states = schedule, states
 
     def forward(
         self,
@@ -92,7 +100,8 @@ class UniformOracleNetwork(OracleNetwork):
         if label is not None and bool((label >= 0).any()):
             raise ValueError("a world has no class labels")
         t = t.expand(x.shape[0]) if t.dim() == 0 else t
-        evidence = uniform_evidence(x, self.schedule.keep(t.double()), self.world.vocab_size)
+        keep = self.schedule.keep(t.double())
+        evidence = uniform_evidence(x, keep, self.world.vocab_size, self.states)
         posterior = self.world.posterior(evidence).double()
         loo = (posterior - evidence.to(posterior.device)).log_softmax(-1)
         return loo.clamp_min(NEVER).float()
