@@ -43,6 +43,7 @@ The denoiser, its window calls and the tail's positions: ``cdlm.processes.block_
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -80,6 +81,9 @@ class BlockProcess(MaskedProcess):
         clip: (low, high) training mask rates (BD3-LM's clipped, "data-driven" schedule for
             lower-variance gradients): training t is drawn in [low, high] instead of
             [t_min, 1]; evaluation always integrates the full range, so the bound stays one.
+        excluded: ids the block's x0_hat never predicts besides [MASK], as ``MaskedProcess``'s
+            (its SUBS readout, the drafts and the verifier's distribution); the clean stream's
+            next-token loss reads its raw logits, as before.
     """
 
     kind = "block"
@@ -100,8 +104,11 @@ class BlockProcess(MaskedProcess):
         ar_weight: float = 0.0,
         complementary: bool = False,
         sees_last: bool = True,
+        excluded: Sequence[int] = (),
     ) -> None:
-        super().__init__(vocab_size, mask_id, eos_id, schedule, t_min, time_sampler, shift)
+        super().__init__(
+            vocab_size, mask_id, eos_id, schedule, t_min, time_sampler, shift, excluded=excluded
+        )
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if clip is not None and not 0.0 <= clip[0] < clip[1] <= 1.0:
@@ -135,7 +142,13 @@ class BlockProcess(MaskedProcess):
     def make_denoiser(self, network: nn.Module) -> Denoiser:
         bos = self.eos_id if self.shift else None
         return BlockDenoiser(
-            network, self.mask_id, self.block_size, bos, self.causal_clean, self.sees_last
+            network,
+            self.mask_id,
+            self.block_size,
+            bos,
+            self.causal_clean,
+            self.sees_last,
+            self.support,
         )
 
     def predict(self, denoiser: Denoiser, c) -> Prediction:
@@ -147,6 +160,7 @@ class BlockProcess(MaskedProcess):
         next-token NLL alone. A prompt (``cdlm.processes.prompts``) is never masked in the noisy
         stream, as at sampling, nor scored."""
         tokens, valid = batch["tokens"], valid_mask(batch)
+        self.support.check(tokens, valid)
         if self.training and self.ar_phase:
             if not self.shift:
                 raise ValueError("an AR phase needs process.shift=true (next-token layout)")

@@ -15,6 +15,7 @@ from cdlm.denoiser import Prediction
 from cdlm.networks.two_tower import stream_flags
 from cdlm.processes.block_masks import chunk_mask, clean_visibility, vectorised_mask
 from cdlm.processes.masked import MaskedDenoiser
+from cdlm.processes.support import TokenSupport
 
 
 @dataclass
@@ -47,8 +48,9 @@ class BlockDenoiser(MaskedDenoiser):
         shift_from: int | None = None,
         causal_clean: bool = False,
         sees_last: bool = True,
+        support: TokenSupport | None = None,
     ) -> None:
-        super().__init__(network, mask_id, shift_from)
+        super().__init__(network, mask_id, shift_from, support)
         self.block_size, self.causal_clean = block_size, causal_clean
         self.tail = sees_last and shift_from is not None and block_size > 1
 

@@ -15,6 +15,7 @@ time-free denoiser is what lets the cached sampler skip calls exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from cdlm.processes.complement import with_masked_complement
 from cdlm.processes.losses import check_levers, mean_hidden, next_token_loss, valid_mask
 from cdlm.processes.masked_denoiser import MaskedDenoiser
 from cdlm.processes.prompts import hold_tokens, prompt_of
+from cdlm.processes.support import TokenSupport
 from cdlm.processes.token_process import TokenProcess
 from cdlm.schedules import LogLinearMaskSchedule, MaskSchedule
 from cdlm.time_samplers import TimeSampler, bounded_times
@@ -55,6 +57,13 @@ class MaskedProcess(TokenProcess):
             -keep'/(1 - keep) (1/t, log-linear); Sahoo et al. 2026. Evaluation keeps the bound.
         complementary: also train every sequence under its complementary mask
             (``cdlm.processes.complement``), so every token is a target once per step.
+        excluded: ids x0_hat never predicts besides [MASK] (``cdlm.processes.support``; filled
+            in from the data: the specials its rows never hold); empty, the default, and in
+            every model file written before the key: only [MASK], as SUBS always had it. The
+            loss keeps its form: it scores clean tokens, which lie inside the support (data
+            outside it is refused), so it is the same masked CE, read from a softmax over the
+            support; that is still a distribution over x0, so the ELBO is still a bound, and
+            for a network that already gave the excluded ids no mass, the same number.
     """
 
     kind = "masked"
@@ -78,6 +87,7 @@ class MaskedProcess(TokenProcess):
         importance_weight: bool = False,
         flat_weight: bool = False,
         complementary: bool = False,
+        excluded: Sequence[int] = (),
     ) -> None:
         super().__init__()
         schedule = schedule if schedule is not None else LogLinearMaskSchedule()
@@ -91,6 +101,7 @@ class MaskedProcess(TokenProcess):
         if shift and eos_id is None:
             raise ValueError("shift=true needs eos_id (the BOS the shifted input starts with)")
         self.vocab_size, self.mask_id, self.eos_id, self.shift = vocab_size, mask_id, eos_id, shift
+        self.support = TokenSupport(vocab_size, [mask_id, *excluded], self.kind)
         self.schedule, self.t_min = schedule, t_min
         self.time_sampler = time_sampler if time_sampler is not None else TimeSampler()
         self.time_sampler.attach(self.schedule)
@@ -120,7 +131,8 @@ class MaskedProcess(TokenProcess):
         )
 
     def make_denoiser(self, network: nn.Module) -> Denoiser:
-        return MaskedDenoiser(network, self.mask_id, self.eos_id if self.shift else None)
+        bos = self.eos_id if self.shift else None
+        return MaskedDenoiser(network, self.mask_id, bos, self.support)
 
     def keep(self, t: Tensor) -> Tensor:
         """keep(t) shaped to mask (B, L): t is (B,) or per token (B, L)."""
@@ -187,6 +199,7 @@ class MaskedProcess(TokenProcess):
         NLL of clean input under causal attention. A prompt (``cdlm.processes.prompts``) is
         never masked, as at sampling, nor scored: the bound is then on the response given it."""
         tokens, valid = batch["tokens"], valid_mask(batch)
+        self.support.check(tokens, valid)
         if self.training and self.ar_phase:
             if not self.shift:
                 raise ValueError("an AR phase needs process.shift=true (next-token layout)")

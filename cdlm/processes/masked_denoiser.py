@@ -10,10 +10,13 @@ import torch
 from torch import Tensor, nn
 
 from cdlm.denoiser import NetworkDenoiser, Prediction, full_precision
+from cdlm.processes.support import TokenSupport
 
 
 class MaskedDenoiser(NetworkDenoiser):
-    """SUBS: log-probabilities with -inf on [MASK], and unmasked inputs copied through.
+    """SUBS: log-probabilities with -inf on [MASK] (and on every id outside ``support``, the
+    process's ``cdlm.processes.support``, which holds [MASK] among its excluded ids), and
+    unmasked inputs copied through.
 
     With ``shift_from`` (a BOS id) the prediction for position i is read from the network's
     output at position i - 1 of the input [BOS, z_0, ..., z_{L-1}] (Dream, Ye et al. 2025): the
@@ -23,8 +26,15 @@ class MaskedDenoiser(NetworkDenoiser):
     plateau for hundreds of steps).
     """
 
-    def __init__(self, network: nn.Module, mask_id: int, shift_from: int | None = None) -> None:
+    def __init__(
+        self,
+        network: nn.Module,
+        mask_id: int,
+        shift_from: int | None = None,
+        support: TokenSupport | None = None,
+    ) -> None:
         self.network, self.mask_id, self.shift_from = network, mask_id, shift_from
+        self.support = support
 
     def __call__(
         self,
@@ -57,11 +67,14 @@ class MaskedDenoiser(NetworkDenoiser):
 
     def parameterize(self, out: Tensor, seen: Tensor, subs: bool = True) -> Prediction:
         """SUBS (MDLM Sec. 3.2): log-probabilities of the network's ``out`` (B, W, V) with none
-        on [MASK], and each unmasked input of ``seen`` (B, W) carried over (unless not
-        ``subs``)."""
+        on [MASK] or outside the support, and each unmasked input of ``seen`` (B, W) carried
+        over (unless not ``subs``)."""
         logits = full_precision(out)
-        mask_column = torch.tensor([self.mask_id], device=logits.device)
-        logits = logits.index_fill(-1, mask_column, -math.inf)  # our copy, changed in place below
+        if self.support is not None:
+            logits = self.support.restrict(logits)  # our copy, changed in place below
+        else:
+            mask_column = torch.tensor([self.mask_id], device=logits.device)
+            logits = logits.index_fill(-1, mask_column, -math.inf)
         if subs:
             # a decided position's row becomes 0 at its token and -inf elsewhere before the
             # softmax, which leaves it exactly so (and passes no gradient, as a constant): one

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from cdlm.processes import fim
-from cdlm.processes.uniform_support import excluded_ids
+from cdlm.processes.support import excluded_ids
 
 
 def token_ids(process_cfg: Any, tokenizer, held: Sequence[int] = ()) -> dict[str, Any]:
     """The vocabulary facts a process config asks for (its keys left null), from the tokenizer.
     A process that fills in the middle (``fim_rate`` > 0) gets its sentinels, which are added
-    to the tokenizer here, so that the vocabulary counts them. A uniform process whose
-    ``excluded`` is null gets the special ids outside ``held``, the specials the data's rows
+    to the tokenizer here, so that the vocabulary counts them. A process whose ``excluded`` is
+    null (uniform, masked, block: ``cdlm.processes.support``) gets the special ids outside ``held``, the specials the data's rows
     hold (a world's none; text's EOS, which its packing writes); a list given stays."""
     fim_ids = fim.add_tokens(tokenizer) if process_cfg.get("fim_rate") else None
     known = {
