@@ -27,8 +27,9 @@ def valid_mask(batch: dict[str, Tensor]) -> Tensor:
 
 
 def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
-    """Mean of ``values`` (B, L) over the ``valid`` positions."""
-    return (values * valid).sum() / valid.sum().clamp_min(1)
+    """Mean of ``values`` (B, L) over the ``valid`` positions; an infinite value outside them
+    (the NLL of a PAD that x0_hat gives no mass, ``cdlm.processes.support``) counts as 0."""
+    return values.masked_fill(~valid, 0.0).sum() / valid.sum().clamp_min(1)
 
 
 def next_token_loss(logits: Tensor, tokens: Tensor, valid: Tensor) -> LossOutput:
@@ -45,7 +46,7 @@ def next_token_loss(logits: Tensor, tokens: Tensor, valid: Tensor) -> LossOutput
 def mean_hidden(logp: Tensor, ids: Tensor, hidden: Tensor) -> Tensor:
     """(B,) the mean over each row's ``hidden`` positions of log p(ids) from ``logp`` (B, L, V)."""
     token = logp.gather(-1, ids[..., None]).squeeze(-1)
-    return (token * hidden).sum(1) / hidden.sum(1)
+    return token.masked_fill(~hidden, 0.0).sum(1) / hidden.sum(1)
 
 
 def level_observation(t: Tensor, token_losses: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:

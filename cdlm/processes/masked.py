@@ -172,10 +172,11 @@ class MaskedProcess(TokenProcess):
             c.tokens
         )
         scored = c.noisy & valid
+        nll = nll.masked_fill(~scored, 0.0)  # a PAD outside the support: infinite, unscored
         weight = self.training_weight(c.t)
         weight = weight[:, None] if weight.dim() == 1 else weight  # per sequence or per token
-        per_masked = (nll * scored).sum(-1) / scored.sum(-1).clamp_min(1)
-        return (weight * nll * scored).sum(-1), per_masked
+        per_masked = nll.sum(-1) / scored.sum(-1).clamp_min(1)
+        return (weight * nll).sum(-1), per_masked
 
     def unit_level(self, t: Tensor) -> Tensor:
         """A level t in [t_min, 1] in the time sampler's own units, [0, 1]."""
