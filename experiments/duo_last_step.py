@@ -13,7 +13,8 @@ the NLL under the truth and the token entropy (beside exact samples'). Beside th
 bound on exact samples, paired with the world's own NLL of those sequences (excess bits and its
 SE). Each model is evaluated in a child process of one thread (``--evaluate-one``), its rows
 cached in ``--evaluated``. ``--reuse FILE RECIPE...`` carries the rows of models not retrained
-over from an earlier results JSON, marked with the commits they were measured at.
+(and their last-step checks) over from an earlier results JSON, marked with the commits they
+were measured at.
 """
 
 from __future__ import annotations
@@ -204,6 +205,13 @@ def reused_rows(path: Path, recipes: list[str]) -> list[dict]:
             if r["recipe"] in recipes]  # fmt: skip
 
 
+def reused_checks(path: Path, recipes: list[str]) -> dict:
+    """The last-step checks of ``recipes``' models in the results JSON ``path`` (finite
+    figures), so a doc that reuses the uniform rows keeps the table that explains them."""
+    checks = json.loads(path.read_text()).get("last_step_check", {})
+    return {name: c for name, c in checks.items() if name.removeprefix("chars-") in recipes}
+
+
 def cell(mean: float, se: float, digits: int = 3) -> str:
     """mean ± SE (inf where a set was infinite)."""
     if math.isinf(mean):
@@ -294,9 +302,10 @@ def main() -> None:
     options = [x for o in OPTIONS for x in (f"--{o.replace('_', '-')}", str(getattr(args, o)))]
     specs = specs_of(found)
     rows = study.evaluate_children(Path(__file__), specs, args.evaluated, 1, options)
+    checks = {s["name"]: c for s in specs if (c := last_step_check(s))}
     if args.reuse:
         rows += reused_rows(Path(args.reuse[0]), args.reuse[1:])
-    checks = {s["name"]: c for s in specs if (c := last_step_check(s))}
+        checks = reused_checks(Path(args.reuse[0]), args.reuse[1:]) | checks
     report = {"samples": args.samples, "sets": args.sets, "rows": rows, "jobs": study.rows(found),
               "last_step_check": checks}  # fmt: skip
     print(publish(report, markdown(report), sys.argv[1:], found, args.results).read_text())
@@ -308,7 +317,9 @@ def publish(report: dict, body: str, argv: list[str], found: dict, folder: Path)
     The training command sweeps the recipes this run trained (all three unless rows were
     reused); ``argv``: this script's arguments."""
     trained = sorted({r["recipe"] for r in report["rows"] if not r.get("reused")})
-    sweep = "" if len(trained) == 3 else f" hydra.sweeper.params.recipe={','.join(trained)}"
+    sweep = "" if len(trained) == 3 else f" hydra.sweeper.params.recipe={trained[0]}"
+    if len(trained) == 2:  # Hydra reads a comma list here only as one quoted string
+        sweep = f""" 'hydra.sweeper.params.recipe="{",".join(trained)}"'"""
     commands = [
         f"cdlm-train -m experiment=duo_last_step{sweep} hydra/launcher=joblib "
         "hydra.launcher.n_jobs=1",

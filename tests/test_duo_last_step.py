@@ -52,3 +52,24 @@ def test_an_infinite_kl_rate_reaches_the_json_as_null_and_named(tmp_path):
     back = duo.restored(old)  # a file written before the convention
     assert math.isinf(back["kl_rate"]) and math.isnan(back["kl_rate_se"])
     assert math.isinf(back["sets"][0]["kl_rate"])
+
+
+def test_two_recipes_retrained_give_a_command_hydra_accepts(tmp_path):
+    """Two of the three recipes retrained: the training command sweeps them as one quoted
+    string (Hydra refuses a bare comma list under hydra.sweeper.params), and --reuse carries
+    the reused model's last-step check over."""
+    import json
+
+    from cdlm.configs import compose
+
+    found = {"rows": [{"commit": "abc123", "cost": {"parallel_jobs": 1}}]}
+    rows = [{"recipe": r, "kl_rate": 0.5} for r in ("masked", "masked_no_ar_phase")]
+    duo.publish({"rows": rows}, "body\n", ["sweep"], found, tmp_path)
+    command = json.loads((tmp_path / "duo_last_step.json").read_text())["command"]
+    override = command.split()[3].strip("'")
+    assert override == 'hydra.sweeper.params.recipe="masked,masked_no_ar_phase"'
+    cfg = compose("train", ["experiment=duo_last_step", override], hydra=True)
+    assert cfg.hydra.sweeper.params.recipe == "masked,masked_no_ar_phase"
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"last_step_check": {"chars-uniform": [1], "chars-x": [2]}}))
+    assert duo.reused_checks(earlier, ["uniform"]) == {"chars-uniform": [1]}
