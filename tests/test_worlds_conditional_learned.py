@@ -12,7 +12,7 @@ from test_studies import grid
 MODELS = [
     {"world": w, "recipe": r, "folder": f"/m/{w}/{r}"}
     for w in ("chars", "agreement")
-    for r in ("gaussian", "gaussian_clean_prompt", "masked", "block_default", "autoregressive",
+    for r in ("gaussian_noised_prompt", "gaussian_clean_prompt", "masked", "block_default", "autoregressive",
               "autoregressive_fim")
 ]  # fmt: skip
 
@@ -30,13 +30,20 @@ def test_each_models_grid_has_the_jobs_it_counts(tmp_path):
             if group.name.endswith("_goal"):  # disjoint sets: sample i of a set is seed + i
                 assert sweep["seed"] == "0,8,16,24"
             total[(model["world"], model["recipe"], group.name)] = jobs
-    # plain AR: the continuation once; gaussian: every seed on continuation (and the bridge)
-    assert total[("chars", "autoregressive", "autoregressive")] == 1
-    assert ("chars", "masked", "masked_goal") not in total
-    assert total[("chars", "masked", "masked")] == 2 * 3
-    assert total[("agreement", "gaussian", "gaussian_goal")] == 2 * 3 * 4
-    assert total[("agreement", "gaussian", "gaussian")] == 1 * 3  # the infill
-    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_goal")] == 4
+    # plain AR: the continuation once; the continuation at every step count, a gap at the
+    # first; every seed on gaussian's continuation and on the bridge
+    assert total[("chars", "autoregressive", "autoregressive_continuation")] == 1
+    assert ("chars", "autoregressive", "autoregressive_infill") not in total
+    assert not any(k[0] == "chars" and k[2].endswith("_goal") and "gaussian" not in k[1]
+                   for k in total)  # fmt: skip
+    assert total[("chars", "masked", "masked_continuation")] == 3
+    assert total[("chars", "masked", "masked_infill")] == 1
+    noised = "gaussian_noised_prompt"
+    assert total[("agreement", noised, f"{noised}_continuation_goal")] == 3 * 4
+    assert total[("agreement", noised, f"{noised}_bridge_goal")] == 4
+    assert total[("agreement", noised, f"{noised}_infill")] == 1
+    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_bridge_goal")] == 4
+    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_continuation")] == 1
     cmd, _, jobs = learned.infill_command(tmp_path, "agreement", MODELS, 32, 64, (1, 4))
     assert jobs == 5 and len(grid(dict(a.split("=", 1) for a in cmd[2:4]))) == 5
 
