@@ -113,7 +113,8 @@ LEFT_ONLY = ("block",)
 # task=infill on the world's exact samples: each process's default sampler (the oracle AR has no
 # fill-in-the-middle form, and a plain AR model takes no infill)
 INFILL_PROCESSES = ("masked", "block", "gaussian", "uniform")
-INFILL_SPANS, INFILL_CASES, INFILL_STEPS = (1, 4, 16), 64, 64
+INFILL_SPANS, INFILL_CASES, INFILL_STEPS = (1, 4, 16), 32, 64
+LEARNED_INFILL_CASES = 64  # a learned model's cases (issue 50 item 5); the oracles' stay at 32
 
 
 def prompt_files(folder: Path) -> dict[str, dict[str, Path]]:
@@ -216,7 +217,7 @@ def run_learned(
                                                          num_samples)]  # fmt: skip
     runs.sort(key=lambda r: not r[1].name.endswith("_goal"))  # stable: the goals first
     # task=infill first: a few CPU-seconds a model
-    runs[:0] = [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS,
+    runs[:0] = [learned.infill_command(folder, w, models, LEARNED_INFILL_CASES, INFILL_STEPS,
                                        INFILL_SPANS)
                 for w in TASKS if any(m["world"] == w for m in models)]  # fmt: skip
     for cmd, group, jobs in runs:
@@ -358,6 +359,7 @@ def main() -> None:
         rows, infill = carried(args.previous, rows, infill)
     settings = {"num_samples": args.num_samples, "floor_sets": FLOOR_SETS, "steps": STEPS}
     settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
+    settings |= {"learned_infill_cases": LEARNED_INFILL_CASES}
     report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
     report["task_infill"] = infill
     body = doc.markdown(report)
