@@ -100,3 +100,20 @@ def test_the_violation_goal_by_hand():
     assert found["gap_se"] == pytest.approx(math.hypot(se_masked, se_fim))
     worse = [r | {"violation_rate": 0.0} for r in fim]
     assert not learned.violation_goal(masked + block + worse)["met"]
+
+
+def test_learned_infill_rows_stand_beside_their_oracle_and_the_ceiling():
+    learned = experiment_module("worlds_conditional_learned")
+    figures = {"cases": 64, "token_accuracy_se": 0.02, "best_token_accuracy": 0.5,
+               "span_exact": 0.1, "span_exact_se": 0.01, "exact_span_exact": 0.2}  # fmt: skip
+    mine = [{"world": "agreement", "process": "masked", "recipe": "masked", "sampler": "ancestral",
+             "span": 1, "token_accuracy": 0.1, "exact_token_accuracy": 0.4} | figures]  # fmt: skip
+    oracle = [{"world": w, "process": "masked", "span": 1, "token_accuracy": a,
+               "token_accuracy_se": 0.05, "span_exact": a} for w, a in (("agreement", 0.375),
+                                                                        ("chars", 0.9))]  # fmt: skip
+    (row,) = learned.infill_lines(mine, oracle)[-1].splitlines()[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # a quarter of what an exact sampler averages (0.1 / 0.4, s.e. 0.02 / 0.4), its own world's
+    # oracle beside it
+    assert cells[5:8] == ["0.100 ± 0.020", "0.25 ± 0.05", "0.375 ± 0.050"]
+    assert cells[11] == "0.375"
