@@ -135,7 +135,7 @@ def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
     for job in study.rows(evals):
         o, m = job["overrides"], job["metrics"]
         model = model_of(o.get("ckpt"), found)
-        if "rows/0/kl_rate" not in m or model is None:
+        if "rows/0/kl_floor" not in m or model is None:  # an infinite KL is no metric
             continue
         recipe = model["recipe"]
         process, sampler, _ = RECIPES[recipe]
@@ -155,7 +155,7 @@ def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
         }
         for key in ("kl_rate", "kl_floor", "kl_floor_se", "violation_rate", "nll_cond",
                     "nll_cond_se", "entropy_cond", "tv_rate", "kl_rate_possible"):  # fmt: skip
-            row[key] = m[f"rows/0/{key}"]
+            row[key] = m.get(f"rows/0/{key}", math.inf)  # null in the report: infinite
         if model["prompt_view"]:
             row["prompt_view"] = model["prompt_view"]
         out.append(row)

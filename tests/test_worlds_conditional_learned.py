@@ -117,3 +117,20 @@ def test_learned_infill_rows_stand_beside_their_oracle_and_the_ceiling():
     # oracle beside it
     assert cells[5:8] == ["0.100 ± 0.020", "0.25 ± 0.05", "0.375 ± 0.050"]
     assert cells[11] == "0.375"
+
+
+def test_a_set_with_an_infinite_kl_keeps_its_row():
+    """The report writes an infinite figure as null, which the table's metrics leave out: the
+    row stays, with that figure infinite (every set of a model that breaks every agreement)."""
+    learned = experiment_module("worlds_conditional_learned")
+    model = {"world": "agreement", "recipe": "masked", "folder": "/m/agreement/masked",
+             "prompt_view": None}  # fmt: skip
+    figures = {"kl_floor": 0.1, "kl_floor_se": 0.01, "violation_rate": 1.0, "entropy_cond": 2.0,
+               "tv_rate": 0.3, "free": 30}  # fmt: skip
+    job = {"status": "finished", "folder": "/e/0",
+           "overrides": {"ckpt": model["folder"], "prompts": "/p/agreement_bridge.jsonl",
+                         "steps": "16", "seed": "0"},
+           "metrics": {f"rows/0/{k}": v for k, v in figures.items()} | {"nfe": 16}}  # fmt: skip
+    (row,) = learned.learned_rows({"rows": [job]}, [model])
+    assert row["task"] == "bridge" and row["violation_rate"] == 1.0
+    assert row["kl_rate"] == row["nll_cond"] == row["kl_rate_possible"] == math.inf
