@@ -22,8 +22,9 @@ against the AR pass): the issue's goal is judged on these. The rest (ancestral, 
 MDLM rule) decide one *on average*, several at once on some steps, and are kept beside them.
 
 With ``--models`` (the ``experiment=worlds_conditional_models`` training sweep), every learned model
-there is sampled too, into ``<folder>/learned/<world>/<recipe>``, and its rows (``model:
-learned``) stand beside the oracles' (``worlds_conditional_learned``).
+there is sampled too, into ``<folder>/learned/<world>/<recipe>_<task>``, and its rows (``model:
+learned``) stand beside the oracles' (``worlds_conditional_learned``), its ``task=infill`` rows
+beside the oracles' and the exact ceiling.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ LEFT_ONLY = ("block",)
 # fill-in-the-middle form, and a plain AR model takes no infill)
 INFILL_PROCESSES = ("masked", "block", "gaussian", "uniform")
 INFILL_SPANS, INFILL_CASES, INFILL_STEPS = (1, 4, 16), 32, 64
+LEARNED_INFILL_CASES = 64  # a learned model's cases (issue 50 item 5); the oracles' stay at 32
 
 
 def prompt_files(folder: Path) -> dict[str, dict[str, Path]]:
@@ -206,16 +208,18 @@ def is_oracle(job: dict) -> bool:
 def run_learned(
     folder: Path, models: list[dict], num_samples: int, steps: tuple[int, ...], cdlm_eval: str
 ) -> None:
-    """Every learned model's ``cdlm-eval -m`` jobs (``learned.commands``; the goals' groups of
-    every model first), then each world's ``task=infill`` over them; a group whose jobs all
-    finished is skipped."""
+    """Each world's ``task=infill`` over its learned models, then every learned model's
+    ``cdlm-eval -m`` jobs (``learned.commands``; the goals' groups of every model first); a
+    group whose jobs all finished is skipped."""
     files = prompt_files(folder)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     runs = [r for m in models for r in learned.commands(folder, m, files[m["world"]], steps,
                                                          num_samples)]  # fmt: skip
     runs.sort(key=lambda r: not r[1].name.endswith("_goal"))  # stable: the goals first
-    runs += [learned.infill_command(folder, w, models, INFILL_CASES, INFILL_STEPS, INFILL_SPANS)
-             for w in TASKS if any(m["world"] == w for m in models)]  # fmt: skip
+    # task=infill first: a few CPU-seconds a model
+    runs[:0] = [learned.infill_command(folder, w, models, LEARNED_INFILL_CASES, INFILL_STEPS,
+                                       INFILL_SPANS)
+                for w in TASKS if any(m["world"] == w for m in models)]  # fmt: skip
     for cmd, group, jobs in runs:
         if not finished(group, jobs):
             print(" ".join(cmd), flush=True)
@@ -355,6 +359,7 @@ def main() -> None:
         rows, infill = carried(args.previous, rows, infill)
     settings = {"num_samples": args.num_samples, "floor_sets": FLOOR_SETS, "steps": STEPS}
     settings |= {"tasks": TASKS, "infill_cases": INFILL_CASES, "infill_steps": INFILL_STEPS}
+    settings |= {"learned_infill_cases": LEARNED_INFILL_CASES}
     report = settings | {"rows": rows, "goals": doc.goals(rows, TASKS)}
     report["task_infill"] = infill
     body = doc.markdown(report)
@@ -382,7 +387,8 @@ def learned_report(report: dict, found: dict, models: list[dict], oracle: list[d
     view, violation = learned.view_goal(mine), learned.violation_goal(mine)
     report["learned_goals"] = {"prompt_view": view, "violations": violation}
     lines = learned.goal_lines(view, violation) + learned.table_lines(mine, oracle, TASKS)
-    return "\n".join(lines + learned.infill_lines(report["learned_task_infill"])) + "\n"
+    lines += learned.infill_lines(report["learned_task_infill"], report["task_infill"])
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

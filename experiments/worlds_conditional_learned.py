@@ -25,7 +25,6 @@ from cdlm.evaluation.world_score import _mean_se
 # recipe (conf/recipe/, the rows of conf/experiment/worlds_conditional_models.yaml) -> (process, its
 # default sampler, the tasks it takes: a plain AR model sees only left context)
 RECIPES = {
-    "gaussian": ("gaussian", "rolling", None),
     "gaussian_clean_prompt": ("gaussian", "rolling", None),
     "gaussian_noised_prompt": ("gaussian", "rolling", None),
     "masked": ("masked", "ancestral", None),
@@ -33,16 +32,10 @@ RECIPES = {
     "autoregressive": ("autoregressive", "ar", ("continuation",)),
     "autoregressive_fim": ("autoregressive", "ar", None),
 }
-DIFFUSION = (
-    "gaussian",
-    "gaussian_clean_prompt",
-    "gaussian_noised_prompt",
-    "masked",
-    "block_default",
-)
+DIFFUSION = ("gaussian_clean_prompt", "gaussian_noised_prompt", "masked", "block_default")
 # the diffusion models that read fixed text on both sides: block reads only the blocks before
 # its current one, so a bridge's closing name is invisible to it (its infills are unsupported)
-BOTH_SIDES = ("gaussian", "gaussian_clean_prompt", "gaussian_noised_prompt", "masked")
+BOTH_SIDES = ("gaussian_clean_prompt", "gaussian_noised_prompt", "masked")
 SETS = 4  # sample sets of the goals' rows (the first set's in the table)
 
 
@@ -60,17 +53,20 @@ INFILL_RECIPES = (*DIFFUSION, "autoregressive_fim")  # task=infill: those that t
 
 def models(*folders: Path) -> list[dict]:
     """The finished training jobs of ``folders`` (``experiment=worlds_conditional_models`` sweeps):
-    world, recipe and model folder each."""
+    world, recipe, model folder and, for gaussian, the prompt view. A gaussian model is named
+    by the view its model file records (a file from before the option: noised), whatever recipe
+    trained it: the first models were trained as ``gaussian`` (noised then) and
+    ``gaussian_clean_prompts``, today ``gaussian_noised_prompt`` and ``gaussian_clean_prompt``."""
     out = []
     for job in study.rows(study.table(*folders)) if folders else []:
-        o = job["overrides"]
-        out.append(
-            {
-                "world": o["data.world"].replace("\\:", ":").removeprefix("world:"),
-                "recipe": o["recipe"],
-                "folder": str(Path(job["folder"]).resolve()),
-            }
-        )
+        o, folder = job["overrides"], Path(job["folder"]).resolve()
+        recipe, view = o["recipe"], None
+        if recipe.startswith("gaussian"):
+            process = json.loads((folder / "config.json").read_text())["process"]
+            view = process.get("prompt_view", "noised")
+            recipe = f"gaussian_{view}_prompt"
+        world = o["data.world"].replace("\\:", ":").removeprefix("world:")
+        out.append({"world": world, "recipe": recipe, "folder": str(folder), "prompt_view": view})
     return out
 
 
@@ -89,29 +85,26 @@ def takes(recipe: str, task: str) -> bool:
 def commands(
     folder: Path, model: dict, files: dict[str, Path], steps: tuple[int, ...], num_samples: int
 ) -> list[tuple[list[str], Path, int]]:
-    """(the ``cdlm-eval -m``, its sweep folder, its job count) of one learned model at ``steps``
-    (a sequential AR model once): the goals' tasks with every seed (``<recipe>_goal``), then
-    the other tasks it takes with seed 0 (``<recipe>``)."""
+    """(the ``cdlm-eval -m``, its sweep folder, its job count) of one learned model, one group
+    per task it takes: the continuation at every count of ``steps`` (issue item 2), an infill or
+    a bridge at the first only (time); a sequential AR model once. A goal's task (``goal_tasks``)
+    runs with every seed (its group ``<recipe>_<task>_goal``), the others with seed 0."""
     recipe, world = model["recipe"], model["world"]
     process, sampler, _ = RECIPES[recipe]
-    step_list = (64,) if process == "autoregressive" else steps
-    base = [
-        "cdlm-eval", "-m", f"ckpt={model['folder']}", "scorer=world",
-        f"num_samples={num_samples}", "wandb=false", f"sampler={sampler}",
-        f"steps={','.join(map(str, step_list))}",
-    ]  # fmt: skip
     goal = goal_tasks(world, recipe)
     out = []
-    for name, tasks, sets in (
-        (f"{recipe}_goal", goal, seeds(num_samples)),
-        (recipe, [t for t in files if takes(recipe, t) and t not in goal], [0]),
-    ):
-        if not tasks:
-            continue
-        group = folder / "learned" / world / name
-        args = [f"prompts={','.join(str(files[t].resolve()) for t in tasks)}"]
-        args += [f"seed={','.join(map(str, sets))}", f"hydra.sweep.dir={group}"]
-        out.append((base + args, group, len(tasks) * len(step_list) * len(sets)))
+    for task in (t for t in files if takes(recipe, t)):
+        step_list = (64,) if process == "autoregressive" else steps
+        step_list = step_list if task == "continuation" else step_list[:1]
+        sets = seeds(num_samples) if task in goal else [0]
+        group = folder / "learned" / world / f"{recipe}_{task}{'_goal' if task in goal else ''}"
+        cmd = [
+            "cdlm-eval", "-m", f"ckpt={model['folder']}", "scorer=world",
+            f"num_samples={num_samples}", "wandb=false", f"sampler={sampler}",
+            f"steps={','.join(map(str, step_list))}", f"prompts={files[task].resolve()}",
+            f"seed={','.join(map(str, sets))}", f"hydra.sweep.dir={group}",
+        ]  # fmt: skip
+        out.append((cmd, group, len(step_list) * len(sets)))
     return out
 
 
@@ -144,12 +137,11 @@ def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
     for job in study.rows(evals):
         o, m = job["overrides"], job["metrics"]
         model = model_of(o.get("ckpt"), found)
-        if "rows/0/kl_rate" not in m or model is None:
+        if "rows/0/kl_floor" not in m or model is None:  # an infinite KL is no metric
             continue
         recipe = model["recipe"]
         process, sampler, _ = RECIPES[recipe]
         free, nfe = m["rows/0/free"], m["nfe"]
-        config = json.loads((Path(o["ckpt"]) / "config.json").read_text())
         row = {
             "world": model["world"],
             "process": process,
@@ -165,16 +157,18 @@ def learned_rows(evals: dict, found: list[dict]) -> list[dict]:
         }
         for key in ("kl_rate", "kl_floor", "kl_floor_se", "violation_rate", "nll_cond",
                     "nll_cond_se", "entropy_cond", "tv_rate", "kl_rate_possible"):  # fmt: skip
-            row[key] = m[f"rows/0/{key}"]
-        if process == "gaussian":
-            row["prompt_view"] = config["process"]["prompt_view"]
+            row[key] = m.get(f"rows/0/{key}", math.inf)  # null in the report: infinite
+        if model["prompt_view"]:
+            row["prompt_view"] = model["prompt_view"]
         out.append(row)
     return sorted(out, key=lambda r: (r["world"], r["task"], list(RECIPES).index(r["recipe"]),
                                       r["steps"] or 0, r["seed"]))  # fmt: skip
 
 
 def learned_infill_rows(evals: dict, found: list[dict]) -> list[dict]:
-    """One row per span of each learned model's finished ``task=infill`` job."""
+    """One row per span of each learned model's finished ``task=infill`` job, keyed as the
+    conditional rows are (``world``, ``process``, ``model``, ``sampler``, ``steps``, ``task``,
+    and ``prompt_view`` for gaussian)."""
     out = []
     for job in study.rows(evals):
         model = model_of(job["overrides"].get("ckpt"), found)
@@ -185,9 +179,11 @@ def learned_infill_rows(evals: dict, found: list[dict]) -> list[dict]:
         for r in report["rows"]:
             row = {"world": model["world"], "process": report["process"], "model": "learned"}
             row |= {"recipe": model["recipe"], "sampler": report["sampler"]}
-            row |= {"steps": report["steps"]}
-            out.append(row | {"task": "task_infill"} | r)
-    return out
+            row |= {"steps": report["steps"], "task": "task_infill"}
+            row |= {"prompt_view": model["prompt_view"]} if model["prompt_view"] else {}
+            out.append(row | r)
+    order = list(RECIPES)
+    return sorted(out, key=lambda r: (r["world"], r["span"], order.index(r["recipe"])))
 
 
 def spread(rows: list[dict], key: str) -> dict:
@@ -322,15 +318,26 @@ def kl(row: dict) -> object:
     return "∞" if row["kl_rate"] is None else row["kl_rate"]
 
 
-def infill_lines(rows: list[dict]) -> list[str]:
-    """The learned models' ``task=infill`` rows beside the exact conditional's ceiling."""
+def infill_lines(rows: list[dict], oracle: list[dict]) -> list[str]:
+    """The learned models' ``task=infill`` rows beside their oracle's (same world, process and
+    span) and the exact conditional's ceiling on their own cases: ``exact`` is what a sampler
+    drawing from the exact conditional averages, ``best`` the argmax's; ``of exact`` is the
+    token accuracy as a fraction of ``exact`` (± its s.e.)."""
     if not rows:
         return []
-    cells = [[r["world"], r["recipe"], r["sampler"], r["span"],
-              f"{r['token_accuracy']:.3f} ± {r['token_accuracy_se']:.3f}",
-              r["exact_token_accuracy"], r["best_token_accuracy"],
-              f"{r['span_exact']:.3f} ± {r['span_exact_se']:.3f}", r["exact_span_exact"]]
-             for r in rows]  # fmt: skip
-    columns = ["world", "model", "sampler", "span", "token accuracy", "exact sampler's", "best",
-               "span exact", "exact sampler's"]  # fmt: skip
-    return ["", "### `task=infill`, learned models", "", study.markdown_table(columns, cells)]
+    oracles = {(r["world"], r["process"], r["span"]): r for r in oracle}
+    cells = []
+    for r in rows:
+        o = oracles.get((r["world"], r["process"], r["span"]))
+        exact = r["exact_token_accuracy"]
+        cells.append([r["world"], r["span"], r["recipe"], r["sampler"], r["cases"],
+                      f"{r['token_accuracy']:.3f} ± {r['token_accuracy_se']:.3f}",
+                      f"{r['token_accuracy'] / exact:.2f} ± {r['token_accuracy_se'] / exact:.2f}",
+                      f"{o['token_accuracy']:.3f} ± {o['token_accuracy_se']:.3f}" if o else "-",
+                      exact, r["best_token_accuracy"],
+                      f"{r['span_exact']:.3f} ± {r['span_exact_se']:.3f}",
+                      f"{o['span_exact']:.3f}" if o else "-", r["exact_span_exact"]])  # fmt: skip
+    columns = ["world", "span", "model", "sampler", "cases", "token accuracy", "of exact",
+               "oracle's", "exact", "best", "span exact", "oracle's", "exact"]  # fmt: skip
+    return ["", "### `task=infill`, learned models beside their oracles and the exact ceiling",
+            "", study.markdown_table(columns, cells)]  # fmt: skip

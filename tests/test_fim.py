@@ -12,6 +12,7 @@ import torch
 from cdlm.denoiser import NetworkDenoiser, Prediction
 from cdlm.networks.transformer import Transformer
 from cdlm.processes import AutoregressiveProcess, fim
+from cdlm.processes.autoregressive import NextTokenPredictor
 from cdlm.samplers.autoregressive import sample_ar
 
 V = 40
@@ -143,3 +144,48 @@ def test_fim_rate_trains_a_model_that_keeps_its_sentinels(tiny_fim_checkpoint):
     assert model.process.vocab_size == len(tok) and max(ids) < len(tok)
     assert tok("x<fim_middle>y", add_special_tokens=False)["input_ids"][1] == ids[2]
     assert tok.decode(ids, skip_special_tokens=True) == ""
+
+
+class SentinelLover(NextTokenPredictor):
+    """An AR denoiser whose next-token logits put almost all mass on the FIM sentinels, and
+    over the text tokens ``TEXT`` the distribution ``text``."""
+
+    TEXT = 30
+
+    def __init__(self) -> None:
+        super().__init__(None, BOS)
+        self.text = torch.linspace(-1.0, 1.0, self.TEXT)
+
+    def __call__(self, tokens, t=None, self_cond=None, **kw) -> Prediction:
+        logits = torch.full((*tokens.shape, V), -30.0)
+        logits[..., : self.TEXT] = self.text
+        logits[..., IDS.as_list()] = 10.0
+        return Prediction(logits=logits)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("fixed", [(0, 1), (0, 1, 5)], ids=["continuation", "infill"])
+def test_fim_sampling_never_writes_a_sentinel_and_draws_from_the_text_tokens(temperature, fixed):
+    """A FIM model continues a prompt (``ForcePrefix``) or fills gaps (``FillInTheMiddle``)
+    over its text tokens only: the draws follow its distribution renormalised without the
+    sentinels (chi-square), argmax included."""
+    from scipy import stats
+
+    process = AutoregressiveProcess(V, BOS, fim_rate=0.5, fim_ids=IDS.as_list())
+    rows, length = 400, 8
+    ids = torch.zeros(rows, length, dtype=torch.long)
+    editable = torch.ones_like(ids, dtype=torch.bool)
+    editable[:, list(fixed)] = False
+    lover = SentinelLover()
+    held = process.hold_fixed(lover, ids, editable, None)
+    g = torch.Generator().manual_seed(0)
+    out = sample_ar(held, ids, torch.ones(1), process=process, generator=g, use_cache=False,
+                    stop_at_eos=False, temperature=temperature)  # fmt: skip
+    free = out.tokens[editable]
+    assert (out.tokens[~editable] == 0).all() and (free < lover.TEXT).all()
+    if temperature == 0:
+        assert (free == lover.TEXT - 1).all()
+        return
+    counts = torch.bincount(free, minlength=lover.TEXT).double()
+    expected = lover.text.double().softmax(-1) * free.numel()
+    assert stats.chisquare(counts, expected).pvalue > 1e-3

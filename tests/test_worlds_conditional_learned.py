@@ -12,7 +12,7 @@ from test_studies import grid
 MODELS = [
     {"world": w, "recipe": r, "folder": f"/m/{w}/{r}"}
     for w in ("chars", "agreement")
-    for r in ("gaussian", "gaussian_clean_prompt", "masked", "block_default", "autoregressive",
+    for r in ("gaussian_noised_prompt", "gaussian_clean_prompt", "masked", "block_default", "autoregressive",
               "autoregressive_fim")
 ]  # fmt: skip
 
@@ -30,13 +30,20 @@ def test_each_models_grid_has_the_jobs_it_counts(tmp_path):
             if group.name.endswith("_goal"):  # spaced for the old seed + i
                 assert sweep["seed"] == "0,8,16,24"
             total[(model["world"], model["recipe"], group.name)] = jobs
-    # plain AR: the continuation once; gaussian: every seed on continuation (and the bridge)
-    assert total[("chars", "autoregressive", "autoregressive")] == 1
-    assert ("chars", "masked", "masked_goal") not in total
-    assert total[("chars", "masked", "masked")] == 2 * 3
-    assert total[("agreement", "gaussian", "gaussian_goal")] == 2 * 3 * 4
-    assert total[("agreement", "gaussian", "gaussian")] == 1 * 3  # the infill
-    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_goal")] == 4
+    # plain AR: the continuation once; the continuation at every step count, a gap at the
+    # first; every seed on gaussian's continuation and on the bridge
+    assert total[("chars", "autoregressive", "autoregressive_continuation")] == 1
+    assert ("chars", "autoregressive", "autoregressive_infill") not in total
+    assert not any(k[0] == "chars" and k[2].endswith("_goal") and "gaussian" not in k[1]
+                   for k in total)  # fmt: skip
+    assert total[("chars", "masked", "masked_continuation")] == 3
+    assert total[("chars", "masked", "masked_infill")] == 1
+    noised = "gaussian_noised_prompt"
+    assert total[("agreement", noised, f"{noised}_continuation_goal")] == 3 * 4
+    assert total[("agreement", noised, f"{noised}_bridge_goal")] == 4
+    assert total[("agreement", noised, f"{noised}_infill")] == 1
+    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_bridge_goal")] == 4
+    assert total[("agreement", "autoregressive_fim", "autoregressive_fim_continuation")] == 1
     cmd, _, jobs = learned.infill_command(tmp_path, "agreement", MODELS, 32, 64, (1, 4))
     assert jobs == 5 and len(grid(dict(a.split("=", 1) for a in cmd[2:4]))) == 5
 
@@ -93,3 +100,37 @@ def test_the_violation_goal_by_hand():
     assert found["gap_se"] == pytest.approx(math.hypot(se_masked, se_fim))
     worse = [r | {"violation_rate": 0.0} for r in fim]
     assert not learned.violation_goal(masked + block + worse)["met"]
+
+
+def test_learned_infill_rows_stand_beside_their_oracle_and_the_ceiling():
+    learned = experiment_module("worlds_conditional_learned")
+    figures = {"cases": 64, "token_accuracy_se": 0.02, "best_token_accuracy": 0.5,
+               "span_exact": 0.1, "span_exact_se": 0.01, "exact_span_exact": 0.2}  # fmt: skip
+    mine = [{"world": "agreement", "process": "masked", "recipe": "masked", "sampler": "ancestral",
+             "span": 1, "token_accuracy": 0.1, "exact_token_accuracy": 0.4} | figures]  # fmt: skip
+    oracle = [{"world": w, "process": "masked", "span": 1, "token_accuracy": a,
+               "token_accuracy_se": 0.05, "span_exact": a} for w, a in (("agreement", 0.375),
+                                                                        ("chars", 0.9))]  # fmt: skip
+    (row,) = learned.infill_lines(mine, oracle)[-1].splitlines()[2:]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # a quarter of what an exact sampler averages (0.1 / 0.4, s.e. 0.02 / 0.4), its own world's
+    # oracle beside it
+    assert cells[5:8] == ["0.100 ± 0.020", "0.25 ± 0.05", "0.375 ± 0.050"]
+    assert cells[11] == "0.375"
+
+
+def test_a_set_with_an_infinite_kl_keeps_its_row():
+    """The report writes an infinite figure as null, which the table's metrics leave out: the
+    row stays, with that figure infinite (every set of a model that breaks every agreement)."""
+    learned = experiment_module("worlds_conditional_learned")
+    model = {"world": "agreement", "recipe": "masked", "folder": "/m/agreement/masked",
+             "prompt_view": None}  # fmt: skip
+    figures = {"kl_floor": 0.1, "kl_floor_se": 0.01, "violation_rate": 1.0, "entropy_cond": 2.0,
+               "tv_rate": 0.3, "free": 30}  # fmt: skip
+    job = {"status": "finished", "folder": "/e/0",
+           "overrides": {"ckpt": model["folder"], "prompts": "/p/agreement_bridge.jsonl",
+                         "steps": "16", "seed": "0"},
+           "metrics": {f"rows/0/{k}": v for k, v in figures.items()} | {"nfe": 16}}  # fmt: skip
+    (row,) = learned.learned_rows({"rows": [job]}, [model])
+    assert row["task"] == "bridge" and row["violation_rate"] == 1.0
+    assert row["kl_rate"] == row["nll_cond"] == row["kl_rate_possible"] == math.inf

@@ -45,7 +45,8 @@ def sample_ar(
     call, which saves the per-kernel launches that bound decoding at batch 1 on a GPU.
 
     An infill or edit template on a FIM-trained model (a ``FillInTheMiddle`` denoiser, from
-    ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order."""
+    ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order. A FIM
+    model's sentinels are never written: each draw is over the text tokens only."""
     if isinstance(denoiser, FillInTheMiddle):
         if fixed_shape or graph:
             raise ValueError("sampler.fixed_shape and sampler.graph decode left to right, not FIM")
@@ -78,7 +79,7 @@ def sample_ar(
         else:
             pred = denoiser(denoiser.shift(x)[:, : i + 1])
             positions += i + 1
-        logp = pred.logits[:, -1].log_softmax(-1)
+        logp = text_only(pred.logits[:, -1], process.fim)
         if i >= every_row:
             token = sample_categorical(logp, generator, temperature)
         else:  # a row before its start is in its prompt: its (forced) token, no draw
@@ -120,6 +121,16 @@ def _cache(
     return denoiser.new_cache() if use_cache else None
 
 
+def text_only(logits: Tensor, sentinels: fim.FimIds | None) -> Tensor:
+    """Log-probabilities (B, V) renormalised over the text tokens: a FIM model puts mass on its
+    sentinels (it was trained to write ``<fim_end>`` and to read the others), and a sentinel
+    written into a canvas is no text of the data (a world's scorer refuses it)."""
+    if sentinels is not None:
+        logits = logits.clone()
+        logits[:, sentinels.as_list()] = -torch.inf
+    return logits.log_softmax(-1)
+
+
 def _starts(
     denoiser: NextTokenPredictor, generator: rng.Draws, first: int, batch: int, device
 ) -> Tensor:
@@ -149,7 +160,6 @@ def sample_middles(
     tokens (the sentinels, the end one included, are never drawn), as a diffusion sampler's
     does. One call per token; the first call of a gap reads its whole prompt."""
     x, (_, length) = denoiser.ids.clone(), denoiser.ids.shape
-    sentinels = denoiser.sentinels.as_list()
     gaps = denoiser.gaps()
     total = sum(b - a for a, b in gaps)
     calls = positions = written = 0
@@ -164,8 +174,7 @@ def sample_middles(
         for i in range(a, b):
             pred = denoiser(step_input, cache=cache) if use_cache else denoiser(context)
             calls, positions = calls + 1, positions + step_input.shape[1]
-            logp = pred.logits[:, -1].log_softmax(-1)
-            logp[:, sentinels] = -torch.inf
+            logp = text_only(pred.logits[:, -1], denoiser.sentinels)
             x[:, i] = sample_categorical(logp, generator, temperature)
             context = torch.cat([context, x[:, i : i + 1]], 1)
             step_input = x[:, i : i + 1] if use_cache else context
