@@ -361,6 +361,8 @@ def figure(rows: list[dict], path: Path) -> None:
             ax.set(yscale="log", xlabel=xlabel, ylabel="excess over oracle (bits/token)")
             ax.set_xscale("log" if row else "linear")
             ax.set_title(world)
+            # leaving the unigram plateau: below this line
+            ax.axhline(plateau_bits(world) / 2, color="k", ls=":", lw=0.8, label="plateau / 2")
         axes[0][column].legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
