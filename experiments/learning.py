@@ -3,7 +3,8 @@ to come within ε bits/token of its world's oracle, divided by AR's: the compute
 measured exactly. docs/results/learning.{md,json,png} from the study's sweep folders.
 
     cdlm-train -m experiment=learning hydra/launcher=joblib hydra.launcher.n_jobs=2
-    python experiments/learning.py multirun/learning [more sweep folders: levers, learning rates]
+    cdlm-train -m experiment=learning_tokens hydra/launcher=joblib hydra.launcher.n_jobs=1
+    python experiments/learning.py multirun/learning multirun/learning_tokens [more folders]
 
 Every job validates on its world's fixed sequences and logs ``val/excess_bits`` (its bound
 minus the same-process oracle's on the same draws) and ``train/flops`` (the running total);
@@ -13,7 +14,9 @@ final slope. A crossing at a job's first validation is only a bound (it may have
 so jobs may validate at different intervals: AR's reference crossing comes from its jobs that
 measured it (``trainer.val_check_interval=10`` over the first steps of the same schedule,
 ``trainer.max_steps=150 lr_scheduler.total_steps=600``), at AR's best learning rate. A
-multiplier divides a job's crossing by that reference in the same world.
+multiplier divides a job's crossing by that reference in the same world. Leaving the unigram
+plateau (the excess below half of a context-free model's, exact from the world) is measured
+against AR's in the same way.
 """
 
 from __future__ import annotations
