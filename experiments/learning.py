@@ -3,7 +3,8 @@ to come within ε bits/token of its world's oracle, divided by AR's: the compute
 measured exactly. docs/results/learning.{md,json,png} from the study's sweep folders.
 
     cdlm-train -m experiment=learning hydra/launcher=joblib hydra.launcher.n_jobs=2
-    python experiments/learning.py multirun/learning [more sweep folders: levers, learning rates]
+    cdlm-train -m experiment=learning_tokens hydra/launcher=joblib hydra.launcher.n_jobs=1
+    python experiments/learning.py multirun/learning multirun/learning_tokens [more folders]
 
 Every job validates on its world's fixed sequences and logs ``val/excess_bits`` (its bound
 minus the same-process oracle's on the same draws) and ``train/flops`` (the running total);
@@ -13,13 +14,18 @@ final slope. A crossing at a job's first validation is only a bound (it may have
 so jobs may validate at different intervals: AR's reference crossing comes from its jobs that
 measured it (``trainer.val_check_interval=10`` over the first steps of the same schedule,
 ``trainer.max_steps=150 lr_scheduler.total_steps=600``), at AR's best learning rate. A
-multiplier divides a job's crossing by that reference in the same world.
+multiplier divides a job's crossing by that reference in the same world. Leaving the unigram
+plateau (the excess below half of a context-free model's, exact from the world) is measured
+against AR's in the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import study
@@ -32,11 +38,27 @@ NAMING = {"process", "seed", "optimizer.lr", "data.world", "data", "resume", "ex
 QUIET = ("hydra", "trainer.enable_progress_bar", "trainer.max_steps", "trainer.val_check_interval",
          "lr_scheduler.total_steps")  # fmt: skip
 AR = "autoregressive"
+LEAVE = "plateau/2"  # "left the plateau": the excess below half of the unigram model's
+
+
+@functools.cache
+def plateau_bits(world: str) -> float:
+    """The unigram plateau of ``world:<world>`` (at the study's length, 128): the excess, bits
+    per token, of the best model that ignores context (each position's own marginal; in a
+    stationary chain, the unigram): the world's total correlation over its length, exactly. A
+    model on it has learned the token frequencies and nothing else."""
+    from cdlm import worlds
+
+    found = worlds.load(f"world:{world}")
+    return found.total_correlation() / found.length / math.log(2)
 
 
 def label(overrides: dict[str, str]) -> str:
-    """The lever of a job: its overrides that are not its process, seed, world or rate."""
+    """The lever of a job: its overrides that are not its process, seed, world or rate, with a
+    recipe read as the settings it stands for."""
     lever = {k: v for k, v in overrides.items() if k not in NAMING and not k.startswith(QUIET)}
+    if "recipe" in lever:
+        lever = recipe_settings(lever.pop("recipe")) | lever
     return " ".join(f"{k}={v}" for k, v in sorted(lever.items())) or "default"
 
 
@@ -53,16 +75,58 @@ def flops_at(flops: list[tuple[int, float]], step: float | None) -> float | None
     return None
 
 
-def ran_with(row: dict) -> tuple[float | None, int | None]:
-    """The job's optimizer.lr and its schedule's length in steps, as it ran (its Hydra config);
-    None where the folder lacks it."""
+@dataclass
+class Ran:
+    """How a job ran, read from its Hydra folder: its process and world (a recipe or an
+    experiment picks them, so the overrides need not name them), optimizer.lr and its schedule's
+    length in steps; None where the folder lacks them."""
+
+    process: str | None = None
+    world: str | None = None
+    lr: float | None = None
+    schedule: int | None = None
+
+
+def ran_with(row: dict) -> Ran:
+    """The job's ``Ran`` (its ``.hydra/config.yaml`` and ``hydra.yaml``)."""
     from omegaconf import OmegaConf
 
-    config = Path(row["folder"]) / ".hydra" / "config.yaml"
-    if not config.is_file():
-        return None, None
-    ran = OmegaConf.load(config)
-    return float(ran.optimizer.lr), int(ran.lr_scheduler.total_steps)
+    folder = Path(row["folder"]) / ".hydra"
+    if not (folder / "config.yaml").is_file():
+        return Ran()
+    ran = OmegaConf.load(folder / "config.yaml")
+    hydra = OmegaConf.load(folder / "hydra.yaml") if (folder / "hydra.yaml").is_file() else None
+    process = OmegaConf.select(hydra, "hydra.runtime.choices.process") if hydra else None
+    world = OmegaConf.select(ran, "data.world")
+    return Ran(process, world, float(ran.optimizer.lr), int(ran.lr_scheduler.total_steps))
+
+
+def recipe_settings(name: str) -> dict[str, str]:
+    """What ``recipe=name`` (conf/recipe/) sets besides its process and learning rate, as the
+    overrides that set it by hand (``masked_no_ar_phase``: ``phases=none``), so that a recipe's
+    row and the same settings given on the command line share a lever. Read from this checkout's
+    conf/, not the job's commit."""
+    from omegaconf import OmegaConf
+
+    from cdlm import config_dir
+
+    recipe = OmegaConf.to_container(OmegaConf.load(config_dir() / "recipe" / f"{name}.yaml"))
+    found = {}
+    for entry in recipe.pop("defaults", []):
+        for key, value in entry.items():  # {"override /phases": "none"}
+            group = key.removeprefix("override ").lstrip("/")
+            if group != "process":
+                found[group] = str(value)
+
+    def flat(node: dict, prefix: str = "") -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                flat(value, f"{prefix}{key}.")
+            elif not f"{prefix}{key}".startswith("optimizer."):  # the lr is a column
+                found[f"{prefix}{key}"] = str(value)
+
+    flat(recipe)
+    return found
 
 
 def job(row: dict) -> dict | None:
@@ -74,15 +138,18 @@ def job(row: dict) -> dict | None:
     ses = study.job_curve(row, SE)
     overrides = row["overrides"]
     steps_to = {str(e): study.crossing(curve, e) for e in EPSILONS}
-    lr, schedule = ran_with(row)
+    ran = ran_with(row)
+    world = (ran.world or overrides.get("data.world", "world:chars")).removeprefix("world:")
+    plateau = plateau_bits(world)
+    leave = study.crossing(curve, plateau / 2)
     return {
-        "world": overrides.get("data.world", "world:chars").removeprefix("world:"),
-        "process": overrides.get("process", "gaussian"),
+        "world": world,
+        "process": ran.process or overrides.get("process", "gaussian"),
         "lever": label(overrides),
         "seed": int(overrides.get("seed", 0)),
-        "lr": lr,
+        "lr": ran.lr,
         "steps": row["steps"],
-        "schedule_steps": schedule,
+        "schedule_steps": ran.schedule,
         "val_every": curve[1][0] - curve[0][0] if len(curve) > 1 else None,
         "flops": flops[-1][1] if flops else None,
         "excess_bits": curve[-1][1],
@@ -91,7 +158,11 @@ def job(row: dict) -> dict | None:
         "steps_to_eps": steps_to,
         "flops_to_eps": {e: flops_at(flops, s) for e, s in steps_to.items()},
         # below ε at its first validation: the crossing is an upper bound, not a measurement
-        "first_validation_bound": {str(e): curve[0][1] <= e for e in EPSILONS},
+        "first_validation_bound": {str(e): curve[0][1] <= e for e in EPSILONS}
+        | {LEAVE: curve[0][1] <= plateau / 2},
+        "plateau_bits": plateau,
+        "steps_to_leave": {LEAVE: leave},
+        "flops_to_leave": {LEAVE: flops_at(flops, leave)},
         "curve": curve,
         "job": row["folder"],
     }
@@ -118,17 +189,25 @@ def reference(rows: list[dict], world: str, field: str, eps: str) -> dict | None
 
 
 def multipliers(rows: list[dict]) -> dict:
-    """Each row's multiplier per ε: its steps (and FLOPs) over AR's reference in its world;
-    returns the references, by world, field and ε."""
+    """Each row's multiplier per ε, and to leave the plateau: its steps (and FLOPs) over AR's
+    reference in its world; returns the references, by world, field and ε (or ``LEAVE``)."""
     refs = {}
-    for key, field in (("multiplier", "steps_to_eps"), ("flops_multiplier", "flops_to_eps")):
+    fields = (
+        ("multiplier", "steps_to_eps", EPSILONS),
+        ("flops_multiplier", "flops_to_eps", EPSILONS),
+        ("leave_multiplier", "steps_to_leave", (LEAVE,)),
+        ("leave_flops_multiplier", "flops_to_leave", (LEAVE,)),
+    )
+    for key, field, levels in fields:
+        if not all(field in r for r in rows):
+            continue
         for world in {r["world"] for r in rows}:
             refs.setdefault(world, {})[field] = {
-                str(e): reference(rows, world, field, str(e)) for e in EPSILONS
+                str(e): reference(rows, world, field, str(e)) for e in levels
             }
         for row in rows:
             row[key] = {}
-            for e in map(str, EPSILONS):
+            for e in map(str, levels):
                 ref, mine = refs[row["world"]][field][e], row[field][e]
                 row[key][e] = mine / ref["value"] if ref and mine is not None else None
     return refs
@@ -199,6 +278,38 @@ def references(refs: dict) -> str:
     return "AR's crossings, the multipliers' denominator:\n\n" + "\n".join(lines) + "\n"
 
 
+def leaving(rows: list[dict], refs: dict) -> str:
+    """Each group's steps to leave its world's unigram plateau (the excess below half the
+    unigram model's), and the multiple of AR's."""
+    cells = []
+    for (world, process, lever, lr, steps, _), found in groups(rows).items():
+        plateau = found[0]["plateau_bits"]
+        cells.append([
+            world, process, lever, f"{lr:g}" if lr else None, len(found), steps,
+            f"{plateau:.3f}", f"{plateau / 2:.3f}",
+            spread([r["steps_to_leave"][LEAVE] for r in found],
+                   [r["first_validation_bound"][LEAVE] for r in found]),
+            spread([r["leave_multiplier"][LEAVE] for r in found]),
+            spread([r["leave_flops_multiplier"][LEAVE] for r in found]),
+        ])  # fmt: skip
+    lines = []
+    for world, fields in sorted(refs.items()):
+        ref = fields["steps_to_leave"][LEAVE]
+        lines.append(
+            f"- {world}: AR at {'≤ ' if ref['bound'] else ''}{ref['value']:.3g} steps "
+            f"(lr {ref['lr']:g}, mean of {ref['seeds']} seed(s))"
+            if ref
+            else f"- {world}: AR never left it; no multiplier"
+        )
+    columns = ["world", "process", "lever", "lr", "seeds", "steps", "unigram plateau (bits)",
+               "leaves below (bits)", "steps to leave", "× AR steps", "× AR FLOPs"]  # fmt: skip
+    return (
+        "Leaving the unigram plateau (the excess of the best model that ignores context, exact "
+        "from the world):\n\n" + study.markdown_table(columns, cells)
+        + "\nAR's steps to leave it, the multipliers' denominator:\n\n" + "\n".join(lines) + "\n"
+    )  # fmt: skip
+
+
 def best_rates(rows: list[dict]) -> str:
     """Each process and lever at its best learning rate (RePlaid's protocol): among one seed's
     jobs of equal steps that tried more than one rate, the lowest final excess."""
@@ -253,6 +364,8 @@ def figure(rows: list[dict], path: Path) -> None:
             ax.set(yscale="log", xlabel=xlabel, ylabel="excess over oracle (bits/token)")
             ax.set_xscale("log" if row else "linear")
             ax.set_title(world)
+            # leaving the unigram plateau: below this line
+            ax.axhline(plateau_bits(world) / 2, color="k", ls=":", lw=0.8, label="plateau / 2")
         axes[0][column].legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -288,6 +401,7 @@ def main() -> None:
         [
             summary(rows),
             references(refs),
+            leaving(rows, refs),
             best_rates(rows),
             f"![excess against steps and FLOPs]({args.name}.png)\n",
         ]

@@ -113,6 +113,8 @@ RECIPES = {  # what each conf/recipe row must change in the built process (docs/
     "gaussian_noised_prompt": ("GaussianProcess", "LogitNormal", 1.0, []),
     "block_default": ("BlockProcess", None, None, None),
     "autoregressive_fim": ("AutoregressiveProcess", None, None, None),
+    # AR at its best rate in the worlds (conf/experiment/learning_tokens.yaml)
+    "autoregressive_lr3e-3": ("AutoregressiveProcess", None, None, None),
 }
 # the one setting each study row changes from its process's defaults
 CHANGES = {
@@ -131,6 +133,7 @@ CHANGES = {
     "uniform_flat": ("process.flat_weight", True),
     "gaussian_noised_prompt": ("process.prompt_view", "noised"),
     "autoregressive_fim": ("process.fim_rate", 0.5),
+    "autoregressive_lr3e-3": ("optimizer.lr", 3e-3),
 }
 
 

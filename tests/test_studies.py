@@ -6,6 +6,7 @@ the learning study's multipliers) compute what they say, by hand."""
 import ast
 import itertools
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -26,6 +27,7 @@ STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
     "learning", "duo", "duo_chars", "duo_last_step", "conditional_plan", "conditional_austen",
     "conditional_guidance", "worlds_learned",
     "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
+    "learning_tokens",
     "decoding",
     "worlds_conditional_models",
 ]  # fmt: skip
@@ -219,6 +221,79 @@ def test_ar_reference_is_measured_where_any_job_measured_it_at_ars_fastest_rate(
     assert refs["chars"]["flops_to_eps"]["0.1"]["value"] == pytest.approx(200.0)
     assert rows[-1]["multiplier"]["0.1"] == pytest.approx(5.0)
     assert rows[-1]["flops_multiplier"]["0.1"] == pytest.approx(5.0)
+
+
+def test_the_unigram_plateau_is_the_unigram_models_excess_over_the_world():
+    from cdlm import worlds
+
+    chars = worlds.load("world:chars")
+    p = chars.token_marginals()[0]  # a stationary chain: every position's marginal is the unigram
+    cross_entropy = -(p * p.clamp_min(1e-300).log()).sum() / math.log(2)  # unigram model, bits
+    by_hand = float(cross_entropy) - chars.entropy_rate() / math.log(2)
+    assert learning.plateau_bits("chars") == pytest.approx(by_hand, abs=1e-9)
+    assert learning.plateau_bits("chars") == pytest.approx(0.7791, abs=1e-4)
+
+
+def test_a_recipe_row_is_labelled_by_the_settings_it_stands_for():
+    assert learning.label({"recipe": "masked_no_ar_phase", "seed": "0"}) == "phases=none"
+    assert learning.label({"process": "masked", "phases": "none"}) == "phases=none"
+    assert learning.label({"recipe": "autoregressive_lr3e-3"}) == "default"  # lr: a column
+    assert learning.label({"recipe": "block_default"}) == "default"
+    block = learning.label({"recipe": "block"})
+    assert "phases.ar=0.5" in block and "process.complementary=True" in block
+
+
+def test_a_job_reads_its_process_world_and_rate_from_its_hydra_folder(tmp_path):
+    hydra = tmp_path / ".hydra"
+    hydra.mkdir()
+    (hydra / "config.yaml").write_text(
+        "optimizer: {lr: 0.003}\nlr_scheduler: {total_steps: 300}\ndata: {world: world:tokens2k}\n"
+    )
+    (hydra / "hydra.yaml").write_text(
+        "hydra:\n  runtime:\n    choices: {process: autoregressive}\n"
+    )
+    ran = learning.ran_with({"folder": str(tmp_path)})
+    assert ran == learning.Ran("autoregressive", "world:tokens2k", 0.003, 300)
+
+
+def test_leaving_the_plateau_is_a_multiple_of_ars_steps_to_half_the_plateau():
+    def row(process, leave, bound=False):
+        eps = {str(e): None for e in learning.EPSILONS}
+        return {"world": "tokens2k", "process": process, "lr": 1e-3, "steps_to_eps": eps,
+                "flops_to_eps": dict(eps), "steps_to_leave": {learning.LEAVE: leave},
+                "flops_to_leave": {learning.LEAVE: None if leave is None else 10.0 * leave},
+                "first_validation_bound": {**{e: False for e in eps}, learning.LEAVE: bound}}  # fmt: skip
+
+    rows = [row("autoregressive", 40), row("autoregressive", 60), row("masked", 150)]
+    rows.append(row("gaussian", None))
+    refs = learning.multipliers(rows)
+    assert refs["tokens2k"]["steps_to_leave"][learning.LEAVE]["value"] == pytest.approx(50.0)
+    assert rows[2]["leave_multiplier"][learning.LEAVE] == pytest.approx(3.0)
+    assert rows[2]["leave_flops_multiplier"][learning.LEAVE] == pytest.approx(3.0)
+    assert rows[3]["leave_multiplier"][learning.LEAVE] is None  # never left it
+
+
+def test_learning_tokens_is_learning_in_the_token_world_and_nothing_else():
+    from omegaconf import OmegaConf
+
+    def flat(name: str) -> dict:
+        config = compose("train", [f"experiment={name}", "process=masked"])
+        return dict(_flatten(OmegaConf.to_container(config, resolve=False)))
+
+    base, tokens = flat("learning"), flat("learning_tokens")
+    differ = {k for k in base.keys() | tokens.keys() if base.get(k) != tokens.get(k)}
+    assert differ == {
+        "name", "data.world", "trainer.max_steps", "trainer.val_check_interval",
+        "callbacks.excess.sequences", "callbacks.excess.draws", "callbacks.excess.group_size",
+    }  # fmt: skip
+
+
+def _flatten(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def test_a_sweep_command_names_its_folder_as_given_not_the_machine_path(tmp_path, monkeypatch):

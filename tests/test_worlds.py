@@ -96,6 +96,34 @@ def test_posterior_and_predictive_equal_enumeration(corruption):
         assert torch.allclose(causal[i], brute_posterior(seqs, p, before)[i], atol=2e-6)
 
 
+def test_an_explicit_masks_rows_each_get_the_posterior_of_exactly_the_keys_they_see():
+    """Rows that see keys past their query, rows that see only a prefix, a row that sees
+    nothing: each query's answer is the enumerated posterior given its own keys (the oracle
+    cuts each row's canvas after its last key and query: that cut must lose nothing)."""
+    from cdlm.worlds.oracle import OracleNetwork
+
+    world = tiny_world(length=6)
+    seqs, p = enumerate_world(world, 6)
+    net = OracleNetwork(world, world.vocab_size, world.vocab_size, mask_id=2)
+    x = torch.tensor([[3, 5, 2, 4, 5, 3]])  # position 2 masked: no evidence
+    see = torch.tensor([
+        [1, 1, 1, 1, 1, 1],  # all: later keys inform position 0
+        [0, 0, 0, 0, 1, 1],  # only the last two keys
+        [1, 1, 0, 0, 0, 0],  # a prefix
+        [0, 0, 0, 0, 0, 0],  # nothing: the prior marginal
+        [1, 0, 1, 0, 1, 0],
+        [0, 1, 0, 1, 0, 0],
+    ], dtype=torch.bool)  # fmt: skip
+    queries = torch.tensor([0, 2, 5, 4, 3, 1])
+    got = net._answer((torch.arange(6), net.evidence(x)), queries, see, 1)[0].double().exp()
+    for row, query in enumerate(queries.tolist()):
+        evidence = torch.zeros(6, world.vocab_size, dtype=torch.float64)
+        for j in torch.nonzero(see[row]).flatten().tolist():
+            evidence[j] = net.evidence(x)[0, j].double()
+        want = brute_posterior(seqs, p, evidence)[query]
+        assert torch.allclose(got[row], want, atol=2e-6), (row, query)
+
+
 def test_gaussian_oracle_is_the_exact_posterior_at_per_token_levels():
     """The gaussian oracle model's logits at x_t with one noise level per token equal
     enumeration with the Gaussian likelihood of each position under the process's own table."""

@@ -185,8 +185,13 @@ class OracleNetwork(nn.Module):
             attn_mask = torch.ones(len(queries), len(key_pos), dtype=torch.bool)
         rows, group = torch.unique(attn_mask.cpu(), dim=0, return_inverse=True)
         for g, seen in enumerate(rows):
-            posterior = self.world.posterior(self._canvas(where, key_ev, size, seen))
             chosen = (group == g).to(queries.device)
+            # Past its last visible key and query a row's canvas holds no evidence and is asked
+            # nothing; a chain's backward message from there is 1, so it is cut off (exact). A
+            # block's rows then cost their prefix, not the sequence (half of block's oracle).
+            visible = where[(where >= 0) & seen.to(where.device)]
+            reach = max(int(visible.max()) if len(visible) else -1, int(queries[chosen].max()))
+            posterior = self.world.posterior(self._canvas(where, key_ev, reach + 1, seen))
             out[:, chosen] = posterior[:, queries[chosen]]
         return out
 
