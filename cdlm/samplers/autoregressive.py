@@ -42,9 +42,7 @@ def sample_ar(
     separates paragraphs, as in packed training data). ``fixed_shape``: decode over a fixed-shape
     cache (``cdlm.networks.fixed_cache``: every one-token call has the same shapes; the same
     tokens); ``graph`` (CUDA only): that step replayed from a CUDA graph, captured at its first
-    call, which saves the per-kernel launches that bound decoding at batch 1 on a GPU.
-
-    An infill or edit template on a FIM-trained model (a ``FillInTheMiddle`` denoiser, from
+    call, which saves the per-kernel launches that bound decoding at batch 1 on a GPU. An infill or edit template on a FIM-trained model (a ``FillInTheMiddle`` denoiser, from
     ``hold_fixed``) goes to ``sample_middles``, with ``fim_mode`` its prompt order. A FIM
     model's sentinels are never written: each draw is over the text tokens only."""
     if isinstance(denoiser, FillInTheMiddle):
