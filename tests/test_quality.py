@@ -13,6 +13,7 @@ from cdlm.evaluation.quality import (
     distinct_n,
     generative_perplexity,
     load_scorer,
+    ratio_se,
     repetition_rate,
     token_entropy,
 )
@@ -56,6 +57,35 @@ def test_uniform_scorer_has_perplexity_equal_to_vocab_size():
     result = generative_perplexity(["abcdef", "xy", "z", "hello world"], scorer, batch_size=2)
     assert result.ppl == pytest.approx(50.0)
     assert result.scored_tokens == 5 + 1 + 10 and result.skipped == 1
+
+
+class FixedLM(torch.nn.Module):
+    """A causal LM whose next-token distribution is the same fixed one at every position."""
+
+    def __init__(self, probs):
+        super().__init__()
+        self.logp = torch.nn.Parameter(torch.tensor(probs).log())
+
+    def forward(self, input_ids, attention_mask=None):
+        return type("Out", (), {"logits": self.logp.expand(*input_ids.shape, -1)})()
+
+
+def test_gen_ppl_standard_error_over_texts_by_hand():
+    """Texts of equal length: the standard error of the mean NLL is the sample standard
+    deviation of the texts' own mean NLLs over sqrt(m); unequal lengths: the ratio estimator."""
+    probs = [0.5, 0.25, 0.125, 0.125] + [0.0] * 46
+    scorer = Scorer(FixedLM(probs), CharTokenizer(), "fixed")
+    nll = {chr(100 + v): -math.log(p) for v, p in enumerate(probs[:4])}  # 'd'..'g': ids 0..3
+    texts = ["ddee", "defg", "ggff", "eeee"]
+    per_text = [sum(nll[c] for c in t[1:]) / 3 for t in texts]
+    result = generative_perplexity(texts, scorer, batch_size=3)
+    mean = sum(per_text) / 4
+    se = math.sqrt(sum((r - mean) ** 2 for r in per_text) / 3 / 4)
+    assert result.ppl == pytest.approx(math.exp(mean))
+    assert result.nll_se == pytest.approx(se)
+    sums, counts = [1.0, 5.0, 3.0], [1, 2, 3]  # R = 9 / 6; residuals -0.5, 2, -1.5
+    assert ratio_se(sums, counts) == pytest.approx(math.sqrt(3 / 2 * 6.5) / 6)
+    assert math.isnan(generative_perplexity(["defg"], scorer).nll_se)
 
 
 @pytest.mark.skipif(

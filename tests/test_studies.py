@@ -29,7 +29,7 @@ STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
     "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
     "learning_tokens",
     "decoding",
-    "worlds_conditional_models",
+    "worlds_conditional_models", "pretrained_block",
 ]  # fmt: skip
 README = EXPERIMENTS / "README.md"
 

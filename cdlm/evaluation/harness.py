@@ -5,6 +5,7 @@ speed and work, in one report dict (see ``report.py`` for its markdown form); ``
 from __future__ import annotations
 
 import functools
+import math
 import platform
 import sys
 from collections.abc import Callable
@@ -29,6 +30,8 @@ def text_quality(token_lists: list[list[int]], texts: list[str], scorer: Scorer 
     if scorer is not None:
         ppl = generative_perplexity(texts, scorer)
         out |= {"gen_ppl": ppl.ppl, "scored_tokens": ppl.scored_tokens, "unscored": ppl.skipped}
+        if not math.isnan(ppl.nll_se):  # over samples; gen_ppl_se: the delta method's ppl x se
+            out |= {"gen_ppl_nll_se": ppl.nll_se, "gen_ppl_se": ppl.ppl * ppl.nll_se}
     return out
 
 

@@ -60,11 +60,26 @@ def scorer_is_base(scorer_name: str, base: dict | None) -> bool:
 
 @dataclass
 class GenPPL:
-    """ppl: exp of the mean NLL per scored token; scored_tokens; skipped: texts under 2 tokens."""
+    """ppl: exp of the mean NLL per scored token; scored_tokens; skipped: texts under 2 tokens;
+    nll_se: the standard error of that mean NLL (nats) over texts, so that two rows' gen-PPLs
+    can be told apart (NaN under two texts)."""
 
     ppl: float
     scored_tokens: int
     skipped: int
+    nll_se: float = math.nan
+
+
+def ratio_se(sums: list[float], counts: list[int]) -> float:
+    """The standard error of sum(sums) / sum(counts) over independent texts (the ratio
+    estimator's linearisation; Cochran, Sampling Techniques, 6.9): a text is one draw, its
+    tokens are not independent of each other. Equal counts give std(sums / counts) / sqrt(m)."""
+    m, total = len(sums), sum(counts)
+    if m < 2 or not total:
+        return math.nan
+    mean = sum(sums) / total
+    residual = sum((a - mean * c) ** 2 for a, c in zip(sums, counts, strict=True))
+    return math.sqrt(m / (m - 1) * residual) / total
 
 
 @torch.no_grad()
@@ -79,7 +94,7 @@ def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8)
     encoded = [scorer.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     keep = [lead + ids for ids in encoded if len(ids) >= 2]
     skip = len(lead)  # targets 0..skip-1 are the text's first token and the specials' own
-    total_nll, total = 0.0, 0
+    sums, counts = [], []
     for start in range(0, len(keep), batch_size):
         ids, valid = padded(keep[start : start + batch_size], device)
         logits = scorer.model(input_ids=ids, attention_mask=valid.long()).logits
@@ -87,10 +102,11 @@ def generative_perplexity(texts: list[str], scorer: Scorer, batch_size: int = 8)
         nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
         scored = valid[:, 1:].clone()
         scored[:, :skip] = False
-        total_nll += float(nll[scored].sum())
-        total += int(scored.sum())
-    ppl = math.exp(total_nll / total) if total else math.nan
-    return GenPPL(ppl=ppl, scored_tokens=total, skipped=len(texts) - len(keep))
+        sums += torch.where(scored, nll, 0.0).sum(1).tolist()
+        counts += scored.sum(1).tolist()
+    total = sum(counts)
+    ppl = math.exp(sum(sums) / total) if total else math.nan
+    return GenPPL(ppl, total, len(texts) - len(keep), ratio_se(sums, counts))
 
 
 def padded(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
