@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import study
+
+from cdlm.evaluation.excess import GroupBits, paired_bound
 
 EPSILONS = (0.2, 0.1, 0.05)
 EXCESS, SE, FLOPS = "val/excess_bits", "val/excess_se", "train/flops"
@@ -335,6 +338,117 @@ def best_rates(rows: list[dict]) -> str:
     return "Each process at its best learning rate:\n\n" + study.markdown_table(columns, cells)
 
 
+def group_bits_of(folder: Path) -> GroupBits | None:
+    """The job's val bound in groups (``bound.json``, written by ``scripts/gpu_learning.py
+    bounds``), None before it is scored."""
+    path = folder / "bound.json"
+    if not path.is_file():
+        return None
+    return GroupBits.from_json(json.loads(path.read_text()))
+
+
+def reports(sweep: Path, metric: str) -> dict[str, dict]:
+    """The ``cdlm-eval -m metric=<metric>`` reports of a sweep folder (each job's one JSON file),
+    keyed by the training job their ``ckpt`` names (its folder's last part)."""
+    if not sweep.is_dir():
+        return {}
+    found = {}
+    for row in study.rows(study.table(sweep)):
+        files = [p for p in Path(row["folder"]).glob("*.json") if p.name != "run.json"]
+        report = next((json.loads(p.read_text()) for p in files), None)
+        if report and report.get("metric") == metric:
+            found[Path(row["overrides"]["ckpt"]).name] = report
+    return found
+
+
+def austen_row(row: dict, frontier: dict | None, mauve: dict | None) -> dict:
+    """One Austen job: its bound, frontier points and MAUVE (the pairing comes after)."""
+    recipe = row["overrides"]["recipe"]
+    process = recipe.split("_")[0]
+    out = {"world": "austen", "process": process, "lever": recipe.removeprefix(process)[1:]
+           or "default", "recipe": recipe, "seed": int(row["overrides"].get("seed", 0)),
+           "steps": row["steps"], "flops": row["metrics"].get(FLOPS), "job": row["folder"]}  # fmt: skip
+    if frontier:
+        out["frontier"] = [{"temperature": p["temperature"], "entropy": p["entropy"],
+                            "gen_ppl": p["gen_ppl"], "gen_ppl_se": p["quality"].get("gen_ppl_se")}
+                           for p in frontier["points"]]  # fmt: skip
+        out["real_entropy"] = frontier["reference"]["token_entropy_bits"]
+        out["real_gen_ppl"] = frontier["reference"].get("gen_ppl")
+        out["gen_ppl_at_real_entropy"] = frontier["gen_ppl_at_reference_entropy"]
+        at_one = [p for p in out["frontier"] if p["temperature"] == 1.0]
+        out["entropy_over_real_at_t1"] = (
+            at_one[0]["entropy"] / out["real_entropy"] if at_one else None
+        )
+        out["frontier_samples"] = frontier["num_samples"]
+        out["sampler"] = f"{frontier['sampler']['name']} {frontier['sampler']['steps']} steps"
+    if mauve:
+        out["mauve"] = {k: mauve["mauve"][k] for k in ("mean", "min", "median", "max")}
+        out["mauve_seeds"] = len(mauve["mauve"]["per_seed"])
+        out["mauve_samples"] = mauve["num_samples"]
+    return out
+
+
+def austen(root: Path) -> tuple[list[dict], dict]:
+    """Issue 49 item 7: the jobs of ``root/austen`` (``experiment=learning_austen_cpu``), each
+    with its bound, its lever's gain over its process's default paired at the same draws
+    (positive: the lever is better), and the frontier and MAUVE of ``root/frontier`` and
+    ``root/mauve``; returns the rows and the table of every job read."""
+    found = study.table(
+        *(p for p in (root / d for d in ("austen", "frontier", "mauve")) if p.is_dir())
+    )
+    frontiers, mauves = reports(root / "frontier", "frontier"), reports(root / "mauve", "mauve")
+    rows, bits = [], {}
+    for row in study.rows(found):
+        if row["command"] != "cdlm-train":
+            continue
+        name = Path(row["folder"]).name
+        got = austen_row(row, frontiers.get(name), mauves.get(name))
+        if (b := group_bits_of(Path(row["folder"]))) is not None:
+            bits[got["recipe"]] = b
+            bound, se = b.bound()
+            got |= {"bound_bits": bound, "bound_se": se,
+                    "draws": b.bits.shape[0], "sequences": b.sequences}  # fmt: skip
+        rows.append(got)
+    for got in rows:
+        default = bits.get(got["process"])
+        if got["lever"] != "default" and default is not None and got["recipe"] in bits:
+            pair = paired_bound(bits[got["recipe"]], default)
+            got |= {"paired_gain_bits": -pair.excess_bits, "paired_gain_se": pair.excess_se}
+    return rows, found
+
+
+def austen_table(rows: list[dict]) -> str:
+    """The Austen rows: bound and paired gain, then gen-PPL ± SE and entropy per temperature,
+    gen-PPL at real text's entropy, and MAUVE."""
+    cells = []
+    for r in rows:
+        gain = r.get("paired_gain_bits")
+        points = "; ".join(f"T {p['temperature']:g}: {study.fmt(p['gen_ppl'], 0)} ± "
+                           f"{study.fmt(p['gen_ppl_se'], 0)} at {p['entropy']:.2f}"
+                           for p in r.get("frontier", []))  # fmt: skip
+        m = r.get("mauve")
+        cells.append([
+            r["process"], r["lever"], r["steps"],
+            f"{r['bound_bits']:.3f} ± {r['bound_se']:.3f}" if "bound_bits" in r else None,
+            f"{gain:+.3f} ± {r['paired_gain_se']:.3f} ({gain / r['paired_gain_se']:+.1f} SE)"
+            if gain is not None else "-",
+            r.get("sampler"), points or None, study.fmt(r.get("gen_ppl_at_real_entropy"), 0),
+            study.fmt(r.get("entropy_over_real_at_t1")),
+            f"{m['mean']:.3f} ({m['min']:.3f}-{m['max']:.3f})" if m else None,
+        ])  # fmt: skip
+    columns = ["process", "lever", "steps", "val bound (bits/token)", "paired gain over default",
+               "sampler", "gen-PPL ± SE at entropy, by T", "gen-PPL at real entropy",
+               "entropy / real, T=1", "MAUVE mean (min-max)"]  # fmt: skip
+    real = next((r for r in rows if "real_entropy" in r), None)
+    line = (f"\nReal val text under the same scorer: entropy {real['real_entropy']:.2f} bits, "
+            f"gen-PPL {study.fmt(real['real_gen_ppl'], 1)}.\n" if real else "")  # fmt: skip
+    return (
+        "Austen, 10 minutes, a pair trained together:\n\n"
+        + study.markdown_table(columns, cells)
+        + line
+    )
+
+
 def figure(rows: list[dict], path: Path) -> None:
     """Excess against steps (top) and training FLOPs (bottom), a column per world."""
     import matplotlib
@@ -382,20 +496,40 @@ def sweep_command(sweep: Path) -> str:
     return "cdlm-train -m " + " ".join(words)
 
 
+def austen_commands(root: Path) -> list[str]:
+    """The Austen training sweep's command, the bounds that pair it, and the eval sweeps' own
+    commands (Hydra's ``multirun.yaml``)."""
+    from omegaconf import OmegaConf
+
+    found = [study.sweep_command(root / "austen"), f"python scripts/gpu_learning.py bounds {root} "
+             f"--out {root}/bounds.json"]  # fmt: skip
+    for metric in ("frontier", "mauve"):
+        if (root / metric / "multirun.yaml").is_file():
+            made = OmegaConf.load(root / metric / "multirun.yaml").hydra.overrides
+            found.append("cdlm-eval -m " + " ".join(str(o) for o in [*made.task, *made.hydra]))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", type=Path, nargs="+", help="the study's sweep folders")
     parser.add_argument("--name", default="learning", help="docs/results/<name>.{md,json,png}")
     parser.add_argument("--results", type=Path, default=study.RESULTS, help="where the doc goes")
+    parser.add_argument("--austen", type=Path, help="the Austen root: austen/, frontier/, mauve/")
     args = parser.parse_args()
     found = study.table(*args.sweeps)
+    austen_rows, austen_found = austen(args.austen) if args.austen else ([], {"rows": []})
+    found["rows"] += austen_found["rows"]
     rows = [got for row in study.rows(found) if (got := job(row)) is not None]
     if not rows:
         raise SystemExit(f"learning.py: no finished job logged {EXCESS} under {args.sweeps}")
     refs = multipliers(rows)
     commands = [
         *map(sweep_command, args.sweeps),
-        "python experiments/learning.py " + " ".join(map(str, args.sweeps)),
+        *(austen_commands(args.austen) if args.austen else []),
+        "python experiments/learning.py "
+        + " ".join(map(str, args.sweeps))
+        + (f" --austen {args.austen}" if args.austen else ""),
     ]
     body = "\n".join(
         [
@@ -403,12 +537,19 @@ def main() -> None:
             references(refs),
             leaving(rows, refs),
             best_rates(rows),
+            austen_table(austen_rows) if austen_rows else "",
             f"![excess against steps and FLOPs]({args.name}.png)\n",
         ]
     )
     title = "Learning efficiency in exact worlds"
     path = study.write(
-        args.name, title, body, {"ar_reference": refs, "rows": rows}, commands, found, args.results
+        args.name,
+        title,
+        body,
+        {"ar_reference": refs, "rows": rows + austen_rows},
+        commands,
+        found,
+        args.results,
     )
     figure(rows, path.with_suffix(".png"))
     print(path.read_text())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -51,22 +50,9 @@ def job_bits(folder: Path, overrides: dict, draws: int, sequences: int, group: i
         model = load_model(folder / "model.safetensors", device)
         val = val_split(model, overrides.get("data.path"))[:sequences]
         found = group_bits(model, val, seed=0, draws=draws, group_size=group)
-        record = {"bits": found.bits.tolist(), "tokens": found.tokens.tolist(),
-                  "sequences": found.sequences, "draws": draws, "group_size": group}  # fmt: skip
+        record = found.to_json() | {"draws": draws, "group_size": group}
         path.write_text(json.dumps(record) + "\n")
-    saved = json.loads(path.read_text())
-    bits = torch.tensor(saved["bits"], dtype=torch.float64)
-    return GroupBits(bits, torch.tensor(saved["tokens"]), saved["sequences"])
-
-
-def mean_and_se(found: GroupBits) -> tuple[float, float]:
-    """The token-weighted bound and its standard error over groups (draws averaged first)."""
-    w = found.tokens.double() / found.tokens.sum()
-    per = found.bits.mean(0)
-    mean = float((w * per).sum())
-    n = len(w)
-    se = math.sqrt(float((w**2 * (per - mean) ** 2).sum()) * n / (n - 1)) if n > 1 else math.nan
-    return mean, se
+    return GroupBits.from_json(json.loads(path.read_text()))
 
 
 def label_of(o: dict) -> str:
@@ -93,7 +79,7 @@ def bounds(root: Path, draws: int, sequences: int, group: int) -> list[dict]:
                 continue
             o = job["overrides"]
             bits = job_bits(folder, o, draws, sequences, group)
-            bound, se = mean_and_se(bits)
+            bound, se = bits.bound()
             recipe = label_of(o)
             row = {"sweep": sweep, "job": job["job"], "recipe": recipe, "bound_bits": bound,
                    "bound_se": se, "draws": bits.bits.shape[0], "groups": bits.bits.shape[1],

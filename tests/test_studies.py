@@ -26,7 +26,8 @@ SHARED = {"study"}  # what every study may import besides the library
 STUDY_CONFIGS = [  # conf/experiment/ studies with a sweep grid
     "learning", "duo", "duo_chars", "duo_last_step", "conditional_plan", "conditional_austen",
     "conditional_guidance", "worlds_learned",
-    "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_crossover",
+    "worlds_learned_austen", "worlds_learned_crossover", "learning_austen", "learning_austen_cpu",
+    "learning_crossover",
     "learning_tokens",
     "decoding",
     "worlds_conditional_models", "pretrained_block",
@@ -346,3 +347,56 @@ def test_the_decoding_studys_band_and_goals_by_hand():
     rows[2]["kl_rate"] = 0.11
     decoding.mark_band(rows)
     assert decoding.goals(rows)[0]["speed_goal_met"]
+
+
+def austen_job(folder: Path, command: str, overrides: list[str], report: dict) -> None:
+    """A finished job of the Austen sweeps: a training job with its cached bound, or a cdlm-eval
+    job with its report."""
+    from cdlm.run.record import Cost, Record, write
+
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    write(
+        folder, Record(command, overrides, Cost(), steps=100 if command == "cdlm-train" else None)
+    )
+    name = "bound.json" if command == "cdlm-train" else f"{report['metric']}.json"
+    (folder / name).write_text(json.dumps(report))
+
+
+def test_the_austen_rows_pair_each_lever_and_carry_its_frontier_and_mauve(tmp_path):
+    """learning.austen: the lever's gain is the default's bound minus its own, token-weighted over
+    groups (weights 1/4, 3/4) with the draws averaged first: differences (-0.5, 0) give +0.125
+    ± 0.1875; each job gets the frontier and MAUVE of the eval jobs whose ckpt names it, and
+    its entropy over real text's at T = 1 (7.2 / 9.0)."""
+    bound = {"tokens": [10, 30], "sequences": 4}
+    austen_job(tmp_path / "austen" / "0", "cdlm-train", ["recipe=masked"],
+               bound | {"bits": [[2.0, 3.0], [2.0, 3.0]]})  # fmt: skip
+    austen_job(tmp_path / "austen" / "1", "cdlm-train", ["recipe=masked_complementary"],
+               bound | {"bits": [[1.0, 3.5], [2.0, 2.5]]})  # fmt: skip
+    points = [{"temperature": t, "entropy": e, "gen_ppl": p, "quality": {"gen_ppl_se": 9.0}}
+              for t, e, p in ((0.8, 6.0, 300.0), (1.0, 7.2, 900.0))]  # fmt: skip
+    frontier = {"metric": "frontier", "points": points, "num_samples": 8,
+                "sampler": {"name": "ancestral", "steps": 64},
+                "reference": {"token_entropy_bits": 9.0, "gen_ppl": 40.0},
+                "gen_ppl_at_reference_entropy": None}  # fmt: skip
+    austen_job(tmp_path / "frontier" / "0", "cdlm-eval", [f"ckpt={tmp_path}/austen/1"], frontier)
+    mauve = {"metric": "mauve", "num_samples": 8,
+             "mauve": {"mean": 0.5, "min": 0.4, "median": 0.5, "max": 0.6, "per_seed": [0.4, 0.6]}}  # fmt: skip
+    austen_job(tmp_path / "mauve" / "0", "cdlm-eval", [f"ckpt={tmp_path}/austen/1"], mauve)
+    rows, found = learning.austen(tmp_path)
+    default, lever = rows
+    assert len(found["rows"]) == 4
+    assert default["lever"] == "default" and "paired_gain_bits" not in default
+    assert default["bound_bits"] == pytest.approx(0.25 * 2.0 + 0.75 * 3.0, abs=1e-12)
+    assert (lever["world"], lever["process"], lever["lever"]) == (
+        "austen",
+        "masked",
+        "complementary",
+    )
+    assert lever["paired_gain_bits"] == pytest.approx(0.125, abs=1e-12)
+    assert lever["paired_gain_se"] == pytest.approx(0.1875, abs=1e-12)
+    assert lever["entropy_over_real_at_t1"] == pytest.approx(0.8)
+    assert lever["mauve"]["max"] == 0.6 and lever["mauve_seeds"] == 2
+    assert "frontier" not in default and "mauve" not in default
+    text = learning.austen_table(rows)
+    assert "+0.125 ± 0.188 (+0.7 SE)" in text and "T 1: 900 ± 9 at 7.20" in text

@@ -36,6 +36,20 @@ class GroupBits:
     tokens: Tensor
     sequences: int
 
+    def bound(self) -> tuple[float, float]:
+        """The token-weighted bound over groups (draws averaged first) and its standard error."""
+        return weighted_mean_se(self.bits.mean(0), self.tokens)
+
+    def to_json(self) -> dict:
+        """The groups as JSON (a job's ``bound.json``), so a study reads them without a model."""
+        return {"bits": self.bits.tolist(), "tokens": self.tokens.tolist(),
+                "sequences": self.sequences}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, saved: dict) -> GroupBits:
+        bits = torch.tensor(saved["bits"], dtype=torch.float64)
+        return cls(bits, torch.tensor(saved["tokens"]), int(saved["sequences"]))
+
 
 @dataclass
 class PairedBound:
@@ -50,6 +64,16 @@ class PairedBound:
     sequences: int
     groups: int
     draws: int
+
+
+def weighted_mean_se(values: Tensor, tokens: Tensor) -> tuple[float, float]:
+    """The token-weighted mean of per-group ``values`` and the standard error of a weighted mean
+    of independent groups (NaN for one group)."""
+    w = tokens.double() / tokens.sum()
+    mean = float((w * values).sum())
+    n = len(w)
+    se = math.sqrt(float((w**2 * (values - mean) ** 2).sum()) * n / (n - 1)) if n > 1 else math.nan
+    return mean, se
 
 
 def draw_seed(seed: int, draw: int, group: int) -> int:
@@ -106,19 +130,14 @@ def paired_bound(model: GroupBits, oracle: GroupBits) -> PairedBound:
     """The two bounds and their paired difference, each a token-weighted mean over groups."""
     if model.bits.shape[1] != oracle.bits.shape[1] or not torch.equal(model.tokens, oracle.tokens):
         raise ValueError("the model and its oracle must be scored on the same groups of sequences")
-    w = model.tokens.double() / model.tokens.sum()
     mine, theirs = model.bits.mean(0), oracle.bits.mean(0)
-    diff = mine - theirs
-    excess = float((w * diff).sum())
-    n = len(w)
-    # the standard error of a weighted mean of n independent groups
-    se = math.sqrt(float((w**2 * (diff - excess) ** 2).sum()) * n / (n - 1)) if n > 1 else math.nan
+    excess, se = weighted_mean_se(mine - theirs, model.tokens)
     return PairedBound(
-        bound_bits=float((w * mine).sum()),
-        oracle_bits=float((w * theirs).sum()),
+        bound_bits=weighted_mean_se(mine, model.tokens)[0],
+        oracle_bits=weighted_mean_se(theirs, model.tokens)[0],
         excess_bits=excess,
         excess_se=se,
         sequences=model.sequences,
-        groups=n,
+        groups=len(model.tokens),
         draws=max(model.bits.shape[0], oracle.bits.shape[0]),
     )
