@@ -39,7 +39,7 @@ else
     # ~90 s of bounds: about 9.5 minutes in all
     MINUTES=${MINUTES:-00:00:03:30} START=${START:-00:00:01:30} REST=${REST:-00:00:02:00}
     CROSS_STEPS=${CROSS_STEPS:-2000}
-    CROSS_SIZES=${CROSS_SIZES:-400,1600} JOBS=${JOBS:-11} CROSS_JOBS=${CROSS_JOBS:-6}
+    CROSS_SIZES=${CROSS_SIZES:-400,1600} JOBS=${JOBS:-12} CROSS_JOBS=${CROSS_JOBS:-6}
     TRAIN_LIMIT=${TRAIN_LIMIT:-380}
     common=(trainer.accelerator=gpu trainer.devices=1 "trainer.precision=${PRECISION:-bf16-mixed}"
         +trainer.enable_progress_bar=false)

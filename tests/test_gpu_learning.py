@@ -18,7 +18,7 @@ from cdlm.run.table import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 gpu_learning = experiment_module("gpu_learning", "scripts")
-AUSTEN = ["masked", "masked_bell", "masked_flat", "masked_complementary", "gaussian",
+AUSTEN = ["masked", "masked_bell", "masked_flat", "masked_complementary", "masked_clipped", "gaussian",
           "gaussian_self_cond", "gaussian_bell", "uniform", "uniform_bell", "uniform_flat",
           "uniform_curriculum"]  # fmt: skip
 
