@@ -85,7 +85,7 @@ def test_the_dry_run_trains_scores_and_archives_every_job(tmp_path):
     unpacked = tmp_path / "unpacked"
     with tarfile.open(out / "learning.tgz") as archive:
         archive.extractall(unpacked, filter="data")
-    for sweep, jobs in (("austen", 11), ("start", 2), ("crossover", 6)):
+    for sweep, jobs in (("austen", len(AUSTEN)), ("start", 2), ("crossover", 6)):
         table = collect([unpacked / sweep])
         assert len(table["rows"]) == jobs
         assert {r["status"] for r in table["rows"]} == {"finished"}
