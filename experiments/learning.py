@@ -434,11 +434,12 @@ def austen_table(rows: list[dict]) -> str:
             if gain is not None else "-",
             r.get("sampler"), points or None, study.fmt(r.get("gen_ppl_at_real_entropy"), 0),
             study.fmt(r.get("entropy_over_real_at_t1")),
-            f"{m['mean']:.3f} ({m['min']:.3f}-{m['max']:.3f})" if m else None,
+            (f"{m['mean']:.3f} ({m['min']:.3f}-{m['max']:.3f})" if r["mauve_seeds"] > 1
+             else f"{m['mean']:.3f} (1 seed)") if m else None,
         ])  # fmt: skip
     columns = ["process", "lever", "steps", "val bound (bits/token)", "paired gain over default",
                "sampler", "gen-PPL ± SE at entropy, by T", "gen-PPL at real entropy",
-               "entropy / real, T=1", "MAUVE mean (min-max)"]  # fmt: skip
+               "entropy / real, T=1", "MAUVE mean (min-max over seeds)"]  # fmt: skip
     real = next((r for r in rows if "real_entropy" in r), None)
     line = (f"\nReal val text under the same scorer: entropy {real['real_entropy']:.2f} bits, "
             f"gen-PPL {study.fmt(real['real_gen_ppl'], 1)}.\n" if real else "")  # fmt: skip
