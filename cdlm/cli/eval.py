@@ -53,9 +53,10 @@ RULES = {
     "data.packing": FLAG,
     "metric.rtol": POSITIVE,  # the metric.* keys where the chosen metric has them
     "metric.atol": POSITIVE,
-    "metric.t_samples": COUNT,
-    "metric.probes": COUNT,
-    "metric.seeds": COUNT,
+    **dict.fromkeys(
+        [f"metric.{k}" for k in ("t_samples", "probes", "seeds", "sequences", "bins", "per_bin")],
+        COUNT,
+    ),
     "steps": Number(integer=True, at_least=1, nullable=True),
     "num_samples": COUNT,
     "repeats": COUNT,
