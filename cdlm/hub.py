@@ -86,7 +86,7 @@ def model_part(config: dict[str, Any]) -> dict[str, Any]:
 def save_tokenizer(tokenizer, folder: Path) -> None:
     """``tokenizer.json`` + ``tokenizer_config.json``, naming the class every transformers
     version knows (transformers 5 writes its own new backend class name otherwise)."""
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".tokenizer.") as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".tokenizer.", suffix=".tmp") as tmp:
         tokenizer.save_pretrained(tmp)
         settings = Path(tmp) / "tokenizer_config.json"
         data = json.loads(settings.read_text(encoding="utf-8"))

@@ -8,6 +8,7 @@ one), and two writers of one path leave one whole file: the last to finish.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def _fsync(path: str | Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Removes the temporaries that killed atomic writes left under ``folder`` (hidden names
+    ending ``.tmp``: ``atomic_path``'s files, the tokenizer's folder) and returns them. Only for a
+    folder its caller holds the lock of: a live writer's temporary would go too."""
+    found = sorted(Path(folder).rglob(".*.tmp"), key=lambda p: len(p.parts), reverse=True)
+    for path in found:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return found
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -95,13 +95,18 @@ def save_model(path: str | Path, model: Model) -> None:
 def build(path: Path, config: dict[str, Any], part: str) -> nn.Module:
     """The stored ``part`` config instantiated; one this cdlm cannot build (a file written by
     another version, say) is named in one line."""
+    if not isinstance(config.get(part), dict):
+        raise ModelFileError(f"{path}: its config has no {part} (a damaged file?)")
     try:
-        return instantiate(config[part])
+        built = instantiate(config[part])
     except InstantiationException as e:
         cause = " ".join(str(e.__cause__ or e).split())
         raise ModelFileError(
             f"{path}: its {part} config does not fit this version of cdlm: {cause}"
         ) from None
+    if not isinstance(built, nn.Module):  # no _target_: instantiate hands the dict back
+        raise ModelFileError(f"{path}: its {part} config names no class (a damaged file?)")
+    return built
 
 
 def qualname(obj: Any) -> str:

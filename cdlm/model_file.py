@@ -2,9 +2,9 @@
 
 A cdlm checkpoint is one ``.safetensors`` file (``cdlm.model.save_model``): the weights of the
 process (embeddings) and the network, plus metadata holding the JSON configs that rebuild them
-and the tokenizer JSON. Loading never unpickles anything, and only ``cdlm.*`` / ``torch.*``
-classes may be instantiated from the stored configs; a class that has moved is found under its
-old name too (``MOVED``). Every loader here takes the file, a model folder or a Hub id;
+and the tokenizer JSON. Loading never unpickles anything, and only cdlm's own classes may be
+instantiated from the stored configs (never a function such as ``torch.load``); a class that
+has moved is found under its old name too (``MOVED``). Every loader here takes the file, a model folder or a Hub id;
 ``load_model`` also dispatches a pretrained causal LM (``cdlm.pretrained.base_model``) and a
 world (``cdlm.world_model``), which build their models themselves.
 """
@@ -12,6 +12,7 @@ world (``cdlm.world_model``), which build their models themselves.
 from __future__ import annotations
 
 import json
+import pydoc
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from cdlm.data.tokenizer import wrap
 from cdlm.model import FORMAT, Model, ModelFileError, build, save_model
 from cdlm.world_model import oracle_model, world_model
 
-ALLOWED_TARGETS = ("cdlm.", "torch.")
+ALLOWED_PREFIX = "cdlm."
 # the record and its writer live in cdlm.model; callers read them here, beside the loaders
 __all__ = ["FORMAT", "Model", "ModelFileError", "load_model", "oracle_model", "save_model"]
 
@@ -38,14 +39,29 @@ MOVED = {
 }
 
 
+def _allowed(target: str) -> bool:
+    """Only a class of cdlm's own is built from a file: a function target (``torch.load``, a
+    file writer) would run whatever the file asks, with the arguments it gives."""
+    if not target.startswith(ALLOWED_PREFIX):
+        return False
+    try:
+        found = pydoc.locate(target)
+    except pydoc.ErrorDuringImport:
+        return True  # build names the mismatch in one line
+    return found is None or isinstance(found, type)  # absent: build names it too
+
+
 def _check_targets(node: Any) -> None:
     if isinstance(node, list):  # hydra instantiates list items too (process.prediction)
         for v in node:
             _check_targets(v)
     elif isinstance(node, dict):
         target = node.get("_target_")
-        if target is not None and not str(target).startswith(ALLOWED_TARGETS):
-            raise ModelFileError(f"checkpoint names a disallowed class {target!r}")
+        if target is not None and not _allowed(str(target)):
+            raise ModelFileError(
+                f"checkpoint names a disallowed class {target!r} (a model file builds only "
+                "cdlm's own classes)"
+            )
         for v in node.values():
             _check_targets(v)
 
@@ -189,17 +205,29 @@ def load_model(
         raise ModelFileError(f"cannot read checkpoint {path}: {e}") from None
     if meta.get("format") != FORMAT:
         raise ModelFileError(f"{path} is not a cdlm checkpoint (no '{FORMAT}' metadata)")
-    config = json.loads(meta["config"])
-    _check_targets(config)
+    try:  # a header damaged in place still parses as safetensors; its cdlm part may not
+        config = json.loads(meta["config"])
+        tokenizer_json, special_tokens = meta["tokenizer"], json.loads(meta["special_tokens"])
+        if not isinstance(config, dict) or not isinstance(special_tokens, dict):
+            raise ValueError("config and special_tokens are not JSON objects")
+    except (KeyError, ValueError) as e:
+        raise ModelFileError(f"{path}: its cdlm metadata is damaged ({e})") from None
     config = stored_layout(current_names(config))
+    _check_targets(config)  # by today's names: a class that moved is checked where it is now
     process, network = (build(path, config, part) for part in ("process", "network"))
     for prefix, module in (("process.", process), ("network.", network)):
         part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         try:
             module.load_state_dict(part)
         except RuntimeError as e:
-            raise ModelFileError(f"{path}: weights do not match the stored config: {e}") from None
-    tokenizer = wrap(meta["tokenizer"], json.loads(meta["special_tokens"]))
+            cause = " ".join(str(e).split())  # torch's message spans lines
+            raise ModelFileError(
+                f"{path}: weights do not match the stored config: {cause}"
+            ) from None
+    try:
+        tokenizer = wrap(tokenizer_json, special_tokens)
+    except Exception as e:  # noqa: BLE001 (the tokenizers library raises bare Exceptions)
+        raise ModelFileError(f"{path}: its stored tokenizer is damaged ({e})") from None
     return Model(process.to(device).eval(), network.to(device).eval(), tokenizer, config, facts)
 
 

@@ -129,6 +129,11 @@ def build_layout(
     kept: list[Segment] = []
     for seg in segments[:-1] if tail is not None else segments:
         if seg.blank_tokens is not None:
+            if len(ids) + seg.blank_tokens > seq_len:  # before the list: [[10**20]] is no list
+                raise ValueError(
+                    f"the template's regions take {len(ids) + seg.blank_tokens} tokens or more, "
+                    f"longer than the canvas of {seq_len} (seq_len)"
+                )
             tokens = [fill_id] * seg.blank_tokens
         else:
             tokens = _tokens(tokenizer, seg.text)

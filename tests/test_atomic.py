@@ -99,3 +99,27 @@ def test_two_cdlm_sample_runs_with_one_out_leave_one_whole_file(tiny_masked_chec
         assert p.wait(timeout=600) == 0, p.stderr.read()
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 64 and len({r["seed"] for r in records}) == 1
+
+
+def test_resume_auto_removes_what_killed_writes_left(tmp_path):
+    # found by scripts/crash_kills.py: a kill mid-export left hidden temporaries for good
+    from omegaconf import OmegaConf
+
+    from cdlm.run.folder import resume_point
+
+    (tmp_path / "checkpoints").mkdir()
+    left = [
+        tmp_path / "checkpoints" / ".last.ckpt.x1.tmp",
+        tmp_path / "model" / ".model.safetensors.x2.tmp",
+        tmp_path / "model" / ".tokenizer.x3.tmp" / "tokenizer.json",
+    ]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("partial")
+    kept = [tmp_path / "model" / "model.safetensors", tmp_path / ".hydra" / "config.yaml"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("whole")
+    cfg = OmegaConf.create({"resume": "auto", "callbacks": {}})
+    assert resume_point(cfg, tmp_path).ckpt is None  # no whole checkpoint yet
+    assert not list(tmp_path.rglob("*.tmp")) and all(p.exists() for p in kept)

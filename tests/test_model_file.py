@@ -83,25 +83,65 @@ def test_missing_corrupt_and_foreign_files_are_refused(tmp_path):
         load_model(foreign)
 
 
-def test_configs_may_only_name_cdlm_or_torch_classes(model, tmp_path):
-    path = tmp_path / "evil.safetensors"
-    save_model(path, model)
+def _stored(model, path):
+    """The saved file's metadata and tensors, to damage and write back."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    save_model(path, model)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-    tensors = load_file(str(path))
+    return meta, load_file(str(path))
+
+
+@pytest.mark.parametrize("target", ["os.system", "torch.load", "cdlm.model.save_model"])
+def test_configs_may_only_name_cdlm_classes(model, tmp_path, target):
+    # a function target, torch's or cdlm's own, would run with the file's arguments
+    path = tmp_path / "evil.safetensors"
+    meta, tensors = _stored(model, path)
     good = json.loads(meta["config"])
-    network = good | {"network": good["network"] | {"_target_": "os.system"}}
+    network = good | {"network": good["network"] | {"_target_": target}}
     # hydra instantiates list items too (process.prediction is a list of pieces)
-    evil = [{"_target_": "os.system", "command": "true"}]
+    evil = [{"_target_": target, "command": "true"}]
     listed = good | {"process": good["process"] | {"prediction": evil}}
     for config in (network, listed):
         meta["config"] = json.dumps(config)
         save_file(tensors, str(path), metadata=meta)
-        with pytest.raises(ModelFileError, match="disallowed class 'os.system'"):
+        with pytest.raises(ModelFileError, match=f"disallowed class '{target}'"):
             load_model(path)
+
+
+def _drop(meta, key):
+    return {k: v for k, v in meta.items() if k != key}
+
+
+def _reconfig(meta, change):
+    return meta | {"config": json.dumps(change(json.loads(meta["config"])))}
+
+
+def _untarget(config):  # a flipped bit in the key: instantiate would hand the dict back
+    network = {("_targez_" if k == "_target_" else k): v for k, v in config["network"].items()}
+    return config | {"network": network}
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [  # each found by tests/test_fuzz.py as a traceback before it was named
+        (lambda m: _drop(m, "tokenizer"), "its cdlm metadata is damaged"),
+        (lambda m: m | {"special_tokens": "[1]"}, "its cdlm metadata is damaged"),
+        (lambda m: m | {"config": "[1, 2]"}, "its cdlm metadata is damaged"),
+        (lambda m: m | {"tokenizer": "{not json"}, "its stored tokenizer is damaged"),
+        (lambda m: _reconfig(m, lambda c: _drop(c, "network")), "its config has no network"),
+        (lambda m: _reconfig(m, _untarget), "its network config names no class"),
+    ],
+)
+def test_damaged_metadata_is_named_in_one_line(model, tmp_path, damage, named):
+    path = tmp_path / "damaged.safetensors"
+    meta, tensors = _stored(model, path)
+    save_file(tensors, str(path), metadata=damage(meta))
+    with pytest.raises(ModelFileError) as error:
+        load_model(path)
+    assert named in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -148,6 +148,13 @@ def test_template_longer_than_canvas_names_both_numbers(tok):
         build_layout(parse_template(t), tok, seq_len=16, fill_id=FILL)
 
 
+def test_a_blank_too_large_for_any_list_is_refused_as_longer_than_the_canvas(tok):
+    """Found by tests/test_fuzz.py: ``[[99999999999999999999]]`` raised OverflowError (a
+    traceback) while its blank was made, before the canvas check."""
+    with pytest.raises(ValueError, match=r"take 99999999999999999999 tokens or more.*canvas of 16"):
+        build_layout(parse_template("[[99999999999999999999]]"), tok, seq_len=16, fill_id=FILL)
+
+
 # --- assemble ------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cdlm.configs import compose
-from cdlm.io import FolderInUse, folder_lock
+from cdlm.io import FolderInUse, folder_lock, remove_temporaries
 from cdlm.training.resume import find_resume
 from cdlm.validation import UsageError, require, unwritable
 
@@ -108,9 +108,12 @@ class Resume:
 
 
 def resume_point(cfg: DictConfig, folder: Path) -> Resume:
-    """``resume`` as given, or for ``resume=auto`` the newest whole checkpoint of this run."""
+    """``resume`` as given, or for ``resume=auto`` the newest whole checkpoint of this run (whose
+    folder, held by this run, loses the temporaries of writes a kill interrupted)."""
     if cfg.resume != "auto":
         return Resume(cfg.resume)
+    if launched_as_rank_zero():
+        remove_temporaries(folder)
     where = Path(OmegaConf.select(cfg, "callbacks.checkpoint.dirpath") or folder / "checkpoints")
     found = find_resume(where)
     return Resume(str(found) if found else None, where)
