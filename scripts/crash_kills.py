@@ -17,6 +17,12 @@ which event.
     PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/crash_kills.py --kills 200 --seed 0 \\
         --report docs/results/crash_kills.json
 
+``--ddp`` kills each rank of a 2-process CPU DDP run in turn instead (``ddp_run``), and ``--eval``
+kills ``cdlm-eval -m`` and ``cdlm-table`` (``eval_run``):
+
+    PYTHONPATH=. python scripts/crash_kills.py --ddp --seed 0 --report ddp.json
+    PYTHONPATH=. python scripts/crash_kills.py --eval --kills 20 --seed 0 --report eval.json
+
 Exits 1 when any kill left a torn file or a chain did not repeat the uninterrupted run.
 """
 
@@ -28,6 +34,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,17 +78,23 @@ class KillAt(L.Callback):
     written before it) and SIGKILLs its own process ``delay`` seconds after the ``nth`` event of
     kind ``target``, from a timer thread: the kill lands wherever the run then is."""
 
-    def __init__(self, trace: str, target: str = "none", nth: int = 0, delay: float = 0.0):
-        self.trace = open(trace, "a", buffering=1, encoding="utf-8")
-        self.target, self.nth, self.delay = target, nth, delay
+    def __init__(
+        self, trace: str, target: str = "none", nth: int = 0, delay: float = 0.0, rank: int = -1
+    ):
+        here = int(os.environ.get("LOCAL_RANK", 0))
+        self.trace = open(
+            f"{trace}.{here}" if rank >= 0 else trace, "a", buffering=1, encoding="utf-8"
+        )
+        self.target, self.nth, self.delay = (target if rank in (-1, here) else "none"), nth, delay
         self.counts: Counter = Counter()
         self._instrument()
-        self.event("start")
+        self.event("start", f"{os.getpid()} {time.time()}")
 
     def event(self, kind: str, detail: str = "") -> None:
         self.trace.write(f"{kind} {detail}".rstrip() + "\n")
         self.counts[kind] += 1
         if kind == self.target and self.counts[kind] == self.nth:
+            self.trace.write(f"kill {time.time() + self.delay}\n")
             kill = threading.Timer(self.delay, os.kill, (os.getpid(), signal.SIGKILL))
             kill.daemon = True
             kill.start()
@@ -144,9 +157,18 @@ def corpus(folder: Path) -> Path:
     return folder
 
 
-def child(folder: Path, data: Path, trace: Path, logger: str, target: str, nth: int, delay: float):
+def child(
+    folder: Path,
+    data: Path,
+    trace: Path,
+    logger: str,
+    target: str,
+    nth: int,
+    delay: float,
+    extra: tuple[str, ...] = (),
+):
     here = Path(__file__).resolve().parent
-    args = [sys.executable, "-m", "cdlm.cli.train", f"data.path={data}", *RUN]
+    args = [sys.executable, "-m", "cdlm.cli.train", f"data.path={data}", *RUN, *extra]
     args += [
         f"logger={logger}",
         f"hydra.run.dir={folder}",
@@ -251,7 +273,10 @@ def differences(folder: Path, reference: Path, logger: str) -> list[str]:
             for s in sorted(set(got) & set(want))
             if abs(got[s] - want[s]) > 1e-6
         ]
-    a, b = weights(folder), weights(reference)
+    try:
+        a, b = weights(folder), weights(reference)
+    except Exception as e:  # noqa: BLE001 (a final file that does not load is the finding)
+        return [*problems, f"the final weights do not load: {type(e).__name__}: {e}"[:300]]
     for part in b:
         for key in b[part]:
             if not torch.allclose(a[part][key], b[part][key], atol=1e-6, rtol=0):
@@ -265,12 +290,13 @@ def landed(trace: Path) -> str:
     """Where a kill landed, from the child's trace: inside a file's write (its temporary made,
     not yet renamed into place), or after the last event the run traced."""
     lines = trace.read_text(encoding="utf-8").splitlines() if trace.exists() else []
+    lines = [line for line in lines if not line.startswith("kill ")]  # the timer's arming
     if not lines:
         return "start-up (before the run's callbacks)"
     kind, _, detail = lines[-1].partition(" ")
     if kind == "write":
         return "mid-write " + detail[1:].rsplit(".", 2)[0]
-    return "after " + lines[-1]
+    return "after " + ("start" if kind == "start" else lines[-1])
 
 
 def run(n_kills: int, seed: int, work: Path, max_kills_per_chain: int = 6) -> dict:
@@ -344,6 +370,199 @@ def run(n_kills: int, seed: int, work: Path, max_kills_per_chain: int = 6) -> di
     return {"seed": seed, "kills": kills, "missed": missed, "chains": chains}
 
 
+DDP = ("trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu")
+SURVIVOR_LIMIT_S = 60.0
+
+
+def first_step(trace: Path) -> int | None:
+    """The global step a run's first training batch had: 0 for a fresh start."""
+    for line in trace.read_text(encoding="utf-8").splitlines() if trace.exists() else []:
+        if line.startswith("step "):
+            return int(line.split()[1])
+    return None
+
+
+def ddp_run(seed: int, work: Path) -> dict:
+    """2-process CPU DDP (Lightning's strategy, gloo): one rank, then the other, SIGKILLed at a
+    seeded training step. The survivor must exit within ``SURVIVOR_LIMIT_S`` with one error line
+    and no traceback, leave no torn file, and ``resume=auto`` on both ranks must repeat the
+    uninterrupted DDP run. The survivor's exit is when the run's stderr closes: every rank
+    holds it, the orphaned rank 1 too."""
+    rng = random.Random(seed)
+    data = corpus(work / "corpus")
+    reference = work / "reference_ddp"
+    proc = child(reference, data, work / "reference_ddp.trace", "csv", "none", 0, 0.0, DDP)
+    err = proc.communicate()[1].decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"the uninterrupted DDP run failed:\n{err[-3000:]}")
+    chains = []
+    for rank in (1, 0):
+        folder, trace = work / f"ddp_rank{rank}", work / f"ddp_rank{rank}.trace"
+        nth, delay = rng.randint(2, STEPS - 1), rng.uniform(0.0, 0.03)
+        extra = (*DDP, f"+callbacks.kill.rank={rank}")
+        proc = child(folder, data, trace, "csv", "step", nth, delay, extra)
+        err = proc.communicate()[1].decode()
+        closed = time.time()
+        arming = Path(f"{trace}.{rank}").read_text(encoding="utf-8").splitlines()
+        killed = next((float(x.split()[1]) for x in arming if x.startswith("kill ")), None)
+        errors = [x for x in err.splitlines() if x.startswith("cdlm-train: error:")]
+        broken = torn(folder)
+        resumed = child(
+            folder, data, work / f"ddp_rank{rank}.resume.trace", "csv", "none", 0, 0.0, DDP
+        )
+        resume_err = resumed.communicate()[1].decode()
+        chains.append(
+            {
+                "killed_rank": rank,
+                "nth_step": nth,
+                "delay": round(delay, 4),
+                "returncode": proc.returncode,
+                "survivor_exit_s": None if killed is None else round(closed - killed, 2),
+                "error_lines": errors,
+                "traceback": "Traceback" in err,
+                "torn": broken,
+                "resumed_at_step": first_step(work / f"ddp_rank{rank}.resume.trace"),
+                "resume_returncode": resumed.returncode,
+                "resume_error": resume_err[-2000:] if resumed.returncode else "",
+                "differences": differences(folder, reference, "csv")
+                if resumed.returncode == 0
+                else [],
+                "leftovers_after": leftovers(folder),
+            }
+        )
+    return {"seed": seed, "ddp": chains}
+
+
+EVAL = ("ckpt=world:chars", "process=masked", "scorer=world", "num_samples=4", "wandb=false")
+EVAL_GRID = ("steps=2,4,8", "resume=auto")
+SAME = ("quality", "likelihood", "samples")  # a report's seeded figures (not its timings)
+
+
+def command(prog: str, *args: str, cwd: Path) -> subprocess.Popen:
+    env = os.environ | {
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", prog, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def killed_at(proc: subprocess.Popen, after: float) -> bool:
+    """SIGKILLs ``proc`` ``after`` seconds from now unless it ends first; whether it was."""
+    try:
+        proc.wait(timeout=after)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+    err = proc.communicate()[1].decode()
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise SystemExit(f"a command failed with {proc.returncode}:\n{err[-3000:]}")
+    return proc.returncode == -signal.SIGKILL
+
+
+def reports(folder: Path) -> dict[str, dict]:
+    """{job: its report's seeded figures} of an evaluation grid's folder."""
+    return {
+        job.name: {k: v for k, v in json.loads(report.read_text()).items() if k in SAME}
+        for job in sorted(p for p in folder.iterdir() if p.is_dir())
+        for report in job.glob("*.eval.json")
+    }
+
+
+def eval_run(n_kills: int, seed: int, work: Path, max_kills_per_chain: int = 3) -> dict:
+    """``cdlm-eval -m`` over a three-job grid, and ``cdlm-table`` over its folder, SIGKILLed at
+    uniform instants of their lifetimes. After each kill no file may be torn; a grid rerun with
+    its own command (``resume=auto``) must leave every job that had finished untouched and end
+    with the uninterrupted grid's reports; a table rerun must write the uninterrupted table."""
+    rng = random.Random(seed)
+    work.mkdir(parents=True, exist_ok=True)
+    reference = work / "reference_eval"
+    begin = time.monotonic()
+    grid = (*EVAL, *EVAL_GRID)
+    killed_at(command("cdlm.cli.eval", "-m", *grid, f"hydra.sweep.dir={reference}", cwd=work), 1e9)
+    lifetime = {"eval": time.monotonic() - begin}
+    begin = time.monotonic()
+    killed_at(command("cdlm.cli.table", str(reference), cwd=work), 1e9)
+    lifetime["table"] = time.monotonic() - begin
+    want_table = (reference / "table.md").read_text(encoding="utf-8")
+    kills, chains = [], []
+    while len(kills) < n_kills:
+        kind = rng.choice(["eval", "table"])
+        folder = work / f"{kind}_{len(chains)}"
+        if kind == "table":
+            shutil.copytree(reference, folder)
+            for name in ("table.json", "table.md"):
+                (folder / name).unlink()
+        chain_kills, kept = 0, {}
+        while True:
+            aim = chain_kills < max_kills_per_chain and len(kills) < n_kills
+            after = rng.uniform(0.0, lifetime[kind]) if aim else 1e9
+            finished = {r.parent: r.read_bytes() for r in folder.glob("*/run.json")}
+            kept |= finished
+            args = ("-m", *grid, f"hydra.sweep.dir={folder}") if kind == "eval" else (str(folder),)
+            proc = command(f"cdlm.cli.{kind}", *args, cwd=work)
+            if not killed_at(proc, after):
+                break
+            chain_kills += 1
+            kills.append(
+                {
+                    "chain": len(chains),
+                    "kind": kind,
+                    "after_s": round(after, 3),
+                    "torn": torn(folder),
+                    "jobs_finished_before": len(finished),
+                }
+            )
+        problems = []
+        if kind == "eval":
+            if reports(folder) != reports(reference):
+                problems.append("the reports differ from the uninterrupted grid's")
+            problems += [
+                f"job {job.name} finished but was redone"
+                for job, before in kept.items()
+                if (job / "run.json").read_bytes() != before
+            ]
+        elif (folder / "table.md").read_text(encoding="utf-8") != want_table:
+            problems.append("the table differs from the uninterrupted one")
+        chains.append(
+            {
+                "chain": len(chains),
+                "kind": kind,
+                "kills": chain_kills,
+                "differences": problems,
+                "leftovers_after": leftovers(folder),
+            }
+        )
+    return {
+        "seed": seed,
+        "lifetime_s": {k: round(v, 1) for k, v in lifetime.items()},
+        "kills": kills,
+        "chains": chains,
+    }
+
+
+def ddp_failures(chain: dict) -> list[str]:
+    """What a DDP kill chain broke, in words (empty: it kept every promise)."""
+    exit_s = chain["survivor_exit_s"]
+    checks = {
+        "the kill never fired": exit_s is None,
+        f"the survivor took {exit_s} s": exit_s is not None and exit_s > SURVIVOR_LIMIT_S,
+        f"{len(chain['error_lines'])} error lines": len(chain["error_lines"]) != 1,
+        "a traceback": chain["traceback"],
+        "torn files": bool(chain["torn"]),
+        "the resume failed": chain["resume_returncode"] != 0,
+        "the resume started fresh": not chain["resumed_at_step"],
+        "the resumed run differs": bool(chain["differences"]),
+        "temporaries left": bool(chain["leftovers_after"]),
+    }
+    return [what for what, failed in checks.items() if failed]
+
+
 def summary(report: dict) -> dict:
     kills = report["kills"]
     return {
@@ -366,16 +585,49 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, default=None, help="where the runs go (default: a temporary folder)"
     )
+    parser.add_argument(
+        "--ddp", action="store_true", help="kill each rank of a 2-process DDP run instead"
+    )
+    parser.add_argument(
+        "--eval", action="store_true", help="kill cdlm-eval -m and cdlm-table instead"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="crash_kills_") as tmp:
-        report = run(args.kills, args.seed, args.work or Path(tmp))
-    report = {"summary": summary(report), **report}
     from cdlm.io import atomic_write_text
 
+    with tempfile.TemporaryDirectory(prefix="crash_kills_") as tmp:
+        if args.eval:
+            report = eval_run(args.kills, args.seed, args.work or Path(tmp))
+            kills, chains = report["kills"], report["chains"]
+            report = {
+                "summary": {
+                    "kills": len(kills),
+                    "by_kind": dict(Counter(k["kind"] for k in kills)),
+                    "torn": sum(bool(k["torn"]) for k in kills),
+                    "chains": len(chains),
+                    "chains_differing": sum(bool(c["differences"]) for c in chains),
+                    "leftovers_after_rerun": sum(bool(c["leftovers_after"]) for c in chains),
+                },
+                **report,
+            }
+            bad = report["summary"]
+            failed = bad["torn"] or bad["chains_differing"] or bad["leftovers_after_rerun"]
+        elif args.ddp:
+            report = ddp_run(args.seed, args.work or Path(tmp))
+            for chain in report["ddp"]:
+                chain["failures"] = ddp_failures(chain)
+            failed = any(chain["failures"] for chain in report["ddp"])
+            report = {
+                "summary": [(c["killed_rank"], c["survivor_exit_s"]) for c in report["ddp"]],
+                **report,
+            }
+        else:
+            report = run(args.kills, args.seed, args.work or Path(tmp))
+            report = {"summary": summary(report), **report}
+            bad = report["summary"]
+            failed = bad["torn"] or bad["chains_differing"] or bad["leftovers_after_resume"]
     atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"]))
-    bad = report["summary"]
-    sys.exit(1 if bad["torn"] or bad["chains_differing"] or bad["leftovers_after_resume"] else 0)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

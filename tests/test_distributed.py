@@ -206,3 +206,37 @@ def test_fsdp_trains_and_exports_a_whole_model(tmp_path, tiny_corpus):
     )
     model = load_model(run / "model.safetensors")
     assert sum(p.numel() for p in model.network.parameters()) > 0
+
+
+# --- a peer that died ----------------------------------------------------------------------
+
+
+GLOO = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:2958: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging. GLHF!"
+)
+
+
+def test_a_peers_death_is_one_line_naming_the_rank_and_the_way_back():
+    from cdlm.training.peers import lost_peer
+
+    line = lost_peer(RuntimeError(GLOO), rank=0, world_size=2)
+    assert line.startswith("rank 0 of 2: another process of this run died")
+    assert "Read error [127.0.0.1]:2958: Connection reset by peer)" in line
+    assert "resume=auto" in line and "\n" not in line
+    dist_error = torch.distributed.DistNetworkError("Connection closed by peer [127.0.0.1]:1")
+    assert lost_peer(dist_error, rank=1, world_size=2).startswith("rank 1 of 2")
+
+
+@pytest.mark.parametrize(
+    "error, world_size",
+    [
+        (RuntimeError(GLOO), 1),  # one process has no peer to lose
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), 2),  # a bug keeps its trace
+        (ValueError("Connection reset by peer"), 2),
+    ],
+)
+def test_other_errors_keep_their_traceback(error, world_size):
+    from cdlm.training.peers import lost_peer
+
+    assert lost_peer(error, rank=0, world_size=world_size) is None

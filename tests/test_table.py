@@ -137,3 +137,28 @@ def test_a_wandb_run_file_reads_as_its_rows(tmp_path):
         {"train/flops": 3e12, "step": 3.0},
     ]
     assert logs.curve(rows, "val/loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3)]
+
+
+def test_an_eval_rerun_with_resume_auto_redoes_only_the_unfinished_jobs(tmp_path):
+    """A killed grid: job 1 wrote no run.json (killed before its end), so the rerun redoes it
+    and skips job 0, whose report and record stay as they were."""
+    folder = tmp_path / "evals"
+    args = ["ckpt=world:chars", "process=masked", "scorer=world", "num_samples=2", "wandb=false"]
+    args += ["steps=2,3", "resume=auto", f"hydra.sweep.dir={folder}"]
+    assert run_main("cdlm-eval", "-m", *args, cwd=tmp_path).returncode == 0
+    kept = {p: p.read_text() for p in sorted((folder / "0").iterdir())}
+    (folder / "1" / "run.json").unlink()
+    report = next((folder / "1").glob("*.json"))
+    report.write_text("{half")
+    result = run_main("cdlm-eval", "-m", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("finished; skipped") == 1, result.stdout[-2000:]
+    assert {p: p.read_text() for p in sorted((folder / "0").iterdir())} == kept
+    assert (folder / "1" / "run.json").is_file() and json.loads(report.read_text())
+
+
+def test_eval_resume_takes_auto_or_nothing(tmp_path):
+    result = run_main(
+        "cdlm-eval", "ckpt=world:chars", "process=masked", "resume=last", cwd=tmp_path
+    )
+    assert result.returncode == 2 and "resume must be auto" in result.stderr

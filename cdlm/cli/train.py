@@ -1,5 +1,6 @@
 """``cdlm-train``: check the config, claim the run folder, build the run (``cdlm.run.build``) and
-fit it; SIGTERM ends the fit between two steps with exit status 143 (docs/guide/reliability.md)."""
+fit it; SIGTERM ends the fit between two steps with exit status 143, and a peer process that died
+ends the others' with one line and exit status 1 (docs/guide/reliability.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cdlm.run.build import setup
 from cdlm.run.folder import claim, discard_if_unused, hold, resume_point
 from cdlm.training.guard import Diverged
 from cdlm.training.lr_schedules import parse_duration
+from cdlm.training.peers import lost_peer
 from cdlm.training.resume import SIGTERM_STATUS, is_whole_checkpoint, report_sigterm
 from cdlm.validation import (
     COUNT,
@@ -166,6 +168,12 @@ def train(cfg: DictConfig) -> None:
         except SIGTERMException:
             report_sigterm(training.trainer)
             sys.exit(SIGTERM_STATUS)
+        except RuntimeError as e:
+            trainer = training.trainer
+            if (line := lost_peer(e, trainer.global_rank, trainer.world_size)) is None:
+                raise
+            print(f"cdlm-train: error: {line}", file=sys.stderr)
+            sys.exit(1)
         if training.trainer.is_global_zero and not training.trainer.interrupted:
             steps = training.trainer.global_step
             record.write(folder, record.of_this_job("cdlm-train", cost, steps))

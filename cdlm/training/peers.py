@@ -1,0 +1,24 @@
+"""A multi-process run whose peer died: the survivors' collective fails at once (gloo and NCCL
+see the broken connection), and the run ends with one line instead of a traceback per rank."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+# what the backends' errors name: gloo's "Connection reset/closed by peer", NCCL's watchdog
+BACKENDS = ("gloo", "nccl", "processgroup", "connection reset", "connection closed")
+
+
+def lost_peer(error: BaseException, rank: int, world_size: int) -> str | None:
+    """One line for an error that means another process of the run died or stopped answering,
+    or None for any other error (which keeps its traceback)."""
+    if world_size < 2 or not isinstance(error, RuntimeError):
+        return None
+    text = str(error)
+    if not isinstance(error, dist.DistError) and not any(b in text.lower() for b in BACKENDS):
+        return None
+    cause = text.split("]", 1)[-1].strip().split(". ")[0]  # gloo prefixes its source line
+    return (
+        f"rank {rank} of {world_size}: another process of this run died or stopped answering "
+        f"({cause}); every checkpoint written is whole: rerun the command with resume=auto"
+    )
