@@ -1,5 +1,7 @@
-"""The fuzzed CLI: bad input to ``cdlm-train``, ``cdlm-sample`` and ``cdlm-eval`` gives one line
-on stderr, exit status 2, no traceback and no output file (docs/guide/reliability.md).
+"""Bad input to ``cdlm-train``, ``cdlm-sample`` and ``cdlm-eval`` gives one line on stderr, exit
+status 2, no traceback and no output file (docs/guide/reliability.md): the cases a drawn option
+cannot reach (models of each process, files, combinations of options) and one wording of each
+kind of option rule. The rules themselves are fuzzed over every key in ``tests/test_fuzz.py``.
 
 The entry points run in-process (a fresh interpreter costs seconds per case); one case also runs
 as a real subprocess, so the table's verdicts hold for the installed command too. Upper-case
@@ -39,21 +41,13 @@ LONG_PROMPT = "prompt=" + "word " * 40
 CASES = [
     # cdlm-sample: types and ranges, refused before any work
     ("cdlm-sample", ["steps=abc"], "steps must be an integer >= 1, got 'abc'"),
-    ("cdlm-sample", ["steps=-1"], "steps must be >= 1, got -1"),
     ("cdlm-sample", ["steps=1.5"], "steps must be an integer >= 1, got 1.5"),
-    ("cdlm-sample", ["num_samples=x"], "num_samples must be an integer >= 1, got 'x'"),
     ("cdlm-sample", ["num_samples=0"], "num_samples must be >= 1, got 0"),
-    ("cdlm-sample", ["temperature=abc"], "temperature must be a number > 0, got 'abc'"),
     ("cdlm-sample", ["seq_len=abc"], "seq_len must be an integer >= 1 (or null: the training"),
-    ("cdlm-sample", ["batch_size=true"], "batch_size must be an integer >= 1 (or null: one"),
-    ("cdlm-sample", ["seed=abc"], "seed must be an integer, got 'abc'"),
-    ("cdlm-sample", ["edit_strength=abc"], "edit_strength must be a number in (0, 1], got 'abc'"),
     ("cdlm-sample", ["edit_strength=0"], "edit_strength must be in (0, 1], got 0"),
     ("cdlm-sample", ["label=emma", "guidance.scale=abc"], "guidance.scale must be a number >= 0"),
     ("cdlm-sample", ["grid=nope"], "unknown grid 'nope'; valid: uniform, logsnr, karras"),
-    ("cdlm-sample", ["rounding=nope"], "unknown rounding 'nope'; valid: "),
     ("cdlm-sample", ["clamp=abc"], "clamp must be true or false, got 'abc'"),
-    ("cdlm-sample", ["progress=maybe"], "progress must be true or false, got 'maybe'"),
     ("cdlm-sample", ["device=abc"], "unknown device 'abc'; valid: auto, cpu, cuda"),
     ("cdlm-sample", ["prompt=a", "infill=b"], "give at most one of prompt=, infill=, edit="),
     # unknown keys and group options: the first is named, with the options there are
@@ -104,15 +98,7 @@ CASES = [
     ("cdlm-sample", ["out=UNWRITABLE/x.jsonl"], "cannot write in"),
     ("cdlm-sample", ["out=NOMODEL"], "is a folder; give a file name"),
     # cdlm-eval: the same checks
-    ("cdlm-eval", ["steps=abc"], "steps must be an integer >= 1, got 'abc'"),
     ("cdlm-eval", ["num_batches=x"], "num_batches must be an integer >= 1 (or null for all)"),
-    ("cdlm-eval", ["batch_size=1.5"], "batch_size must be an integer >= 1, got 1.5"),
-    ("cdlm-eval", ["repeats=abc"], "repeats must be an integer >= 1, got 'abc'"),
-    ("cdlm-eval", ["num_samples=0"], "num_samples must be >= 1, got 0"),
-    ("cdlm-eval", ["temperature=abc"], "temperature must be a number > 0, got 'abc'"),
-    ("cdlm-eval", ["data.val_fraction=abc"], "data.val_fraction must be a number in (0, 1)"),
-    ("cdlm-eval", ["data.packing=maybe"], "data.packing must be true or false, got 'maybe'"),
-    ("cdlm-eval", ["wandb=maybe"], "wandb must be true or false, got 'maybe'"),
     ("cdlm-eval", ["metric=ode_nll", "metric.rtol=abc"], "metric.rtol must be a number > 0"),
     ("cdlm-eval", ["metric=elbo", "metric.t_samples=0"], "metric.t_samples must be >= 1, got 0"),
     ("cdlm-eval", ["guidance.scale=2"], "unknown config option 'guidance.scale'"),
@@ -136,22 +122,11 @@ CASES = [
     ("cdlm-eval", ["out=UNWRITABLE/r.json"], "cannot write in"),
     # cdlm-train: types, ranges and unknown options, refused before Hydra makes the run folder
     ("cdlm-train", ["trainer.max_steps=abc"], "trainer.max_steps must be an integer (or -1"),
-    ("cdlm-train", ["trainer.max_steps=0"], "trainer.max_steps must be >= 1 (or -1 for no limit)"),
     ("cdlm-train", ["trainer.max_time=10min"], "trainer.max_time must be 'DD:HH:MM:SS'"),
     ("cdlm-train", ["trainer.val_check_interval=0"], "trainer.val_check_interval must be > 0"),
-    ("cdlm-train", ["data.seq_len=abc"], "data.seq_len must be an integer >= 2, got 'abc'"),
-    ("cdlm-train", ["data.seq_len=1"], "data.seq_len must be >= 2, got 1"),
-    ("cdlm-train", ["data.batch_size=0"], "data.batch_size must be >= 1, got 0"),
     ("cdlm-train", ["data.val_fraction=1"], "data.val_fraction must be in (0, 1), got 1"),
-    ("cdlm-train", ["seed=abc"], "seed must be an integer, got 'abc'"),
-    ("cdlm-train", ["condition.dropout=2"], "condition.dropout must be in [0, 1], got 2"),
-    ("cdlm-train", ["condition.labels=maybe"], "condition.labels must be true or false"),
-    ("cdlm-train", ["optimizer.lr=-1"], "optimizer.lr must be > 0, got -1"),
     ("cdlm-train", ["phases.ar=abc"], "phases.ar must be a number in [0, 1), got 'abc'"),
     ("cdlm-train", ["phases.ar=0.8", "phases.anneal=0.5"], "shares of the budget"),
-    ("cdlm-train", ["callbacks.checkpoint.every_minutes=0"], "every_minutes must be > 0"),
-    ("cdlm-train", ["callbacks.checkpoint.every_n_train_steps=x"], "must be an integer >= 1"),
-    ("cdlm-train", ["callbacks.guard.max_consecutive=0"], "max_consecutive must be >= 1"),
     ("cdlm-train", ["stepz=3"], ("unknown config option 'stepz'", "seed")),
     ("cdlm-train", ["process=nope"], ("Could not find 'process/nope'", "masked")),
     ("cdlm-train", ["process=masked", "schedule=linear"], "schedule= does not apply"),

@@ -200,6 +200,38 @@ def test_resume_from_a_checkpoint_repeats_the_rest(
     assert_same_run(folder, reference, step)
 
 
+def test_a_run_killed_after_its_last_checkpoint_finishes_its_end_on_resume(
+    reference, tiny_corpus, tmp_path, monkeypatch
+):
+    """Found by scripts/crash_kills.py: a kill after the last step's checkpoint but before the
+    end of training (mid-write of last.ckpt, or of the final model.safetensors) left a run that
+    resumed at its last step, where Lightning skips the loop and its on_train_end: the model
+    file stayed the previous export and last.ckpt the previous step's. Now the end's work runs
+    in on_fit_end: EMA into the module, the export, the model folder, last.ckpt."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "killed"
+    shutil.copytree(reference, folder)
+    (folder / "run.json").unlink()
+    stale = {k: v * 0.5 for k, v in load_file(folder / "model.safetensors").items()}
+    save_file(stale, str(folder / "model.safetensors"))  # an export the kill did not replace
+    checkpoints = folder / "checkpoints"
+    last, final = checkpoints / "last.ckpt", checkpoints / f"step-{STEPS}.ckpt"
+    shutil.copyfile(checkpoints / f"step-{STEPS - 2}.ckpt", last)  # its write was killed
+    os.utime(last, ns=(final.stat().st_mtime_ns - 10**9,) * 2)  # written before the final one
+    train_in_process(folder, tiny_corpus, "resume=auto", monkeypatch=monkeypatch)
+    a, b = load_file(folder / "model.safetensors"), load_file(reference / "model.safetensors")
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+    a = live_weights(checkpoints / "last.ckpt")
+    b = live_weights(reference / "checkpoints" / "last.ckpt")
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+    assert (folder / "run.json").is_file()
+
+
 def _slow_save(folder: Path) -> None:
     """In a forked child: overwrite last.ckpt through ``AtomicCheckpointIO`` with a ``torch.save``
     that takes seconds, as a large checkpoint does (only Python file writes run in the child)."""

@@ -19,11 +19,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from cdlm.evaluation.speed import peak_memory_mb
 from cdlm.generation import Plan, default_sampler, generate
 from cdlm.model_file import Model, save_model
-from cdlm.training.resume import stop_if_terminated, weights_finite
+from cdlm.training.resume import AtEnd, stop_if_terminated, weights_finite
 from cdlm.training.scaling import batch_report, whole_model
 
 
-class ExportModel(L.Callback):
+class ExportModel(AtEnd):
     """Writes the self-contained ``.safetensors`` model (atomically, once, from rank 0; gathered
     first when the weights are sharded) at each validation and at the end of training: the
     module's process and network, the datamodule's tokenizer, and ``pl_module.model_config``
@@ -48,7 +48,7 @@ class ExportModel(L.Callback):
         if not trainer.sanity_checking and trainer.state.fn == "fit":
             self._export(trainer, pl_module)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def at_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._export(trainer, pl_module):
             rank_zero_info(f"model written to {self.path}")
 

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import WeightAveraging
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
+from cdlm.training.resume import AtEnd
 from cdlm.training.scaling import is_sharded
 
 
@@ -45,9 +46,11 @@ def averaged_copy(module: nn.Module, decay: float, warmup: bool = True) -> Avera
     return copy
 
 
-class EMA(WeightAveraging):
+class EMA(AtEnd, WeightAveraging):
     """Lightning's weight averaging with ``ema_fn``: an EMA whose decay warms up by default;
-    ``warmup=False`` gives the plain fixed-decay EMA of ``EMAWeightAveraging``."""
+    ``warmup=False`` gives the plain fixed-decay EMA of ``EMAWeightAveraging``. The average goes
+    into the module at the end of every finished run, a run resumed at its last step too
+    (``AtEnd``), before the model is exported."""
 
     def __init__(self, decay: float = 0.999, warmup: bool = True, **kwargs) -> None:
         super().__init__(avg_fn=ema_fn(decay, warmup), **kwargs)
@@ -59,3 +62,6 @@ class EMA(WeightAveraging):
                 "WeightAveraging keeps a whole copy of the model; trainer=fsdp sets callbacks.ema=null"
             )
         super().setup(trainer, pl_module, stage)
+
+    def at_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        WeightAveraging.on_train_end(self, trainer, pl_module)

@@ -22,7 +22,7 @@ from cdlm.evaluation.bound import val_bits_per_token
 from cdlm.hub import write_companions
 from cdlm.model_file import Model
 from cdlm.modes import eval_mode
-from cdlm.training.resume import stop_if_terminated
+from cdlm.training.resume import AtEnd, stop_if_terminated
 from cdlm.training.scaling import batch_sizes, whole_model
 
 
@@ -35,7 +35,7 @@ def bound_facts(bound: dict, what: str) -> dict:
     return out
 
 
-class ModelFolder(L.Callback):
+class ModelFolder(AtEnd):
     """At the end of training, writes the Hub companions into ``folder`` (the run folder).
 
     Args:
@@ -51,6 +51,7 @@ class ModelFolder(L.Callback):
         self.bound_sequences, self.start = bound_sequences, time.perf_counter()
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
         self.start = time.perf_counter()
 
     def training_facts(self, trainer: L.Trainer) -> dict:
@@ -64,7 +65,7 @@ class ModelFolder(L.Callback):
             "wall_seconds": round(time.perf_counter() - self.start, 1),
         }
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def at_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stop_if_terminated(trainer)
         process, network = whole_model(trainer, pl_module)  # every rank: a gather when sharded
         if process is None:

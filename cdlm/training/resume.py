@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -54,6 +55,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         with atomic_path(path) as tmp:
             torch.save(checkpoint, tmp)
+
+
+class AtEnd(L.Callback):
+    """A callback whose end-of-training work (``at_end``) every finished run must have done: in
+    ``on_train_end``, or in ``on_fit_end`` for a run resumed from a checkpoint at its last step
+    (a kill came between that checkpoint and this work): Lightning skips the training loop there,
+    and its ``on_train_end`` with it."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        self.ended = False
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.ended = True
+        self.at_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.ended:
+            self.ended = True
+            self.at_end(trainer, pl_module)
+        super().on_fit_end(trainer, pl_module)
+
+    def at_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        raise NotImplementedError
 
 
 class Checkpoint(ModelCheckpoint):
@@ -120,9 +145,26 @@ class Checkpoint(ModelCheckpoint):
         elif not isinstance(io, AtomicCheckpointIO):
             rank_zero_warn(f"checkpoints are written by {type(io).__name__}, maybe not atomically")
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        self.trained = False
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self.trained = True
         self._last_save = time.monotonic()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A run resumed at its last step trains nothing (Lightning skips the loop) and saves
+        no ``last.ckpt``; resumed from another file (a kill came mid-write of ``last.ckpt``), it
+        makes ``last.ckpt`` a copy of that whole checkpoint, the run's final state."""
+        super().on_fit_end(trainer, pl_module)
+        if self.trained or not (self.save_last and trainer.ckpt_path and trainer.is_global_zero):
+            return
+        last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        if Path(trainer.ckpt_path).resolve() != last.resolve():
+            with atomic_path(last) as tmp:
+                shutil.copyfile(trainer.ckpt_path, tmp)
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
