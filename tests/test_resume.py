@@ -200,6 +200,21 @@ def test_resume_from_a_checkpoint_repeats_the_rest(
     assert_same_run(folder, reference, step)
 
 
+def test_a_second_resume_from_an_epoch_end_checkpoint_repeats_the_run(
+    reference, tiny_corpus, tmp_path, monkeypatch
+):
+    """Found by scripts/crash_kills.py: a run resumed from an epoch's last batch (step 4) wrote
+    checkpoints that Lightning's counters placed between epochs, and resuming from its step-8
+    checkpoint (again an epoch's last batch) repeated epoch 1's data: losses off from step 8."""
+    first = tmp_path / "first"
+    step_4 = reference / "checkpoints" / "step-4.ckpt"
+    train_in_process(first, tiny_corpus, f"resume={step_4}", monkeypatch=monkeypatch)
+    second = tmp_path / "second"
+    step_8 = first / "checkpoints" / "step-8.ckpt"
+    train_in_process(second, tiny_corpus, f"resume={step_8}", monkeypatch=monkeypatch)
+    assert_same_run(second, reference, 8)
+
+
 def test_a_run_killed_after_its_last_checkpoint_finishes_its_end_on_resume(
     reference, tiny_corpus, tmp_path, monkeypatch
 ):

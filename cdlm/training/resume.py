@@ -169,9 +169,20 @@ class Checkpoint(ModelCheckpoint):
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        """Every save restarts the wall clock, whichever trigger (or caller) made it."""
+        """Every save restarts the wall clock, whichever trigger (or caller) made it. And the
+        epoch a save falls in is counted as started: a run resumed from a checkpoint of an
+        epoch's last batch begins the next epoch without Lightning counting it ready and started
+        (its restart-at-epoch-end branch), so its own checkpoints read as taken between epochs,
+        and a second resume from one of them repeated the epoch's data (found by
+        scripts/crash_kills.py; tests/test_resume.py)."""
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         self._last_save = time.monotonic()
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+        if trainer.state.fn == "fit" and progress is not None:
+            for counts in (progress["total"], progress["current"]):
+                if counts["ready"] == counts["completed"]:  # an epoch under way, uncounted
+                    counts["ready"] = counts["started"] = counts["completed"] + 1
+                    counts["processed"] = counts["completed"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
