@@ -78,11 +78,13 @@ class Choice:
     """One of a list of names; the message lists them."""
 
     choices: Iterable[str]
+    nullable: bool = False
 
     def check(self, name: str, value: Any) -> None:
         choices = list(self.choices)
-        valid = isinstance(value, str) and value in choices
-        require(valid, f"unknown {name} {value!r}; valid: {', '.join(choices)}")
+        valid = (isinstance(value, str) and value in choices) or (self.nullable and value is None)
+        listed = ", ".join(choices) + (" (or null)" if self.nullable else "")
+        require(valid, f"unknown {name} {value!r}; valid: {listed}")
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def invalid(rule) -> st.SearchStrategy[str]:
         return st.one_of(*values)
     if isinstance(rule, Choice):
         return st.one_of(junk, st.sampled_from(["1", "true"])).filter(
-            lambda v: v not in list(rule.choices)
+            lambda v: v not in list(rule.choices) and not (rule.nullable and v == "null")
         )
     assert isinstance(rule, Flag), rule
     return st.one_of(junk, st.sampled_from(["1", "0", "yes", "no"]))

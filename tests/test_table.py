@@ -161,4 +161,6 @@ def test_eval_resume_takes_auto_or_nothing(tmp_path):
     result = run_main(
         "cdlm-eval", "ckpt=world:chars", "process=masked", "resume=last", cwd=tmp_path
     )
-    assert result.returncode == 2 and "resume must be auto" in result.stderr
+    assert (
+        result.returncode == 2 and "unknown resume 'last'; valid: auto (or null)" in result.stderr
+    )

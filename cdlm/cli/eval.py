@@ -68,16 +68,13 @@ RULES = {
     "wandb": FLAG,
     "cases": COUNT,
     "max_new_tokens": Number(integer=True, at_least=1, nullable=True),
+    "resume": Choice(["auto"], nullable=True),
 }
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:
     """Every option's type and range, before any work; ``overrides`` is not needed here."""
     check(cfg, RULES)
-    require(
-        cfg.get("resume") in (None, "auto"),
-        f"resume must be auto (skip a multirun's finished jobs) or null, got {cfg.get('resume')!r}",
-    )
     problem = conditioning_problem(cfg)
     require(problem is None, problem or "")
     validate_model_and_output(cfg)
@@ -98,10 +95,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     else the metric (``metric=``): the ``_target_`` of its config,
     built once (bad options fail before the model loads) and called with the model, loaded
     once, and this command's options (``cdlm.evaluation.metric.Metric``)."""
-    job = record.multirun_job()
-    if cfg.get("resume") == "auto" and job is not None and record.finished(job) is not None:
-        print(f"cdlm-eval: resume=auto: {job} holds this job, finished; skipped")
-        return  # a rerun of a killed grid redoes only the jobs that wrote no record
+    if cfg.get("resume") == "auto" and record.skip_finished("cdlm-eval"):
+        return
     if cfg.get("task") is not None:
         measure = functools.partial(suite.measure, instantiate(cfg.task))
     elif conditioning(cfg):
@@ -126,8 +121,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     if cfg.wandb and measured.log:
         default_wandb_mode()
         measured.log()
-    if job is not None:  # what cdlm-table reads of a multirun's job; written last: its mark
-        record.write(job, record.of_this_job("cdlm-eval", cost))  # of a finished job
+    if (job := record.multirun_job()) is not None:  # what cdlm-table reads of a multirun's job
+        record.write(job, record.of_this_job("cdlm-eval", cost))
 
 
 def command() -> str:

@@ -1,6 +1,5 @@
 """``cdlm-train``: check the config, claim the run folder, build the run (``cdlm.run.build``) and
-fit it; SIGTERM ends the fit between two steps with exit status 143, and a peer process that died
-ends the others' with one line and exit status 1 (docs/guide/reliability.md)."""
+fit it; SIGTERM ends the fit between two steps with exit status 143 (docs/guide/reliability.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from cdlm.run.build import setup
 from cdlm.run.folder import claim, discard_if_unused, hold, resume_point
 from cdlm.training.guard import Diverged
 from cdlm.training.lr_schedules import parse_duration
-from cdlm.training.peers import lost_peer
+from cdlm.training.peers import PeerLost, peer_loss_named
 from cdlm.training.resume import SIGTERM_STATUS, is_whole_checkpoint, report_sigterm
 from cdlm.validation import (
     COUNT,
@@ -150,30 +149,19 @@ def train(cfg: DictConfig) -> None:
             training = setup(cfg)
             print(f"cdlm-train: {training.describe()}, output {folder}")
         resume = resume_point(cfg, folder)
-        if resume.searched is not None:
-            print(
-                f"cdlm-train: resume=auto: resuming from {resume.ckpt}"
-                if resume.ckpt
-                else f"cdlm-train: resume=auto: no checkpoint in {resume.searched}, starting "
-                "fresh (resume=auto continues the run of the same hydra.run.dir)"
-            )
+        if (found := resume.describe()) is not None:
+            print(f"cdlm-train: {found}")
         try:
-            with record.measured(record.launcher_jobs()) as cost:
+            with record.measured(record.launcher_jobs()) as cost, peer_loss_named(training.trainer):
                 training.trainer.fit(
                     training.module, datamodule=training.data, ckpt_path=resume.ckpt
                 )
-        except Diverged as e:  # not bad input: exit status 1
+        except (Diverged, PeerLost) as e:  # not bad input: exit status 1
             print(f"cdlm-train: error: {e}", file=sys.stderr)
             sys.exit(1)
         except SIGTERMException:
             report_sigterm(training.trainer)
             sys.exit(SIGTERM_STATUS)
-        except RuntimeError as e:
-            trainer = training.trainer
-            if (line := lost_peer(e, trainer.global_rank, trainer.world_size)) is None:
-                raise
-            print(f"cdlm-train: error: {line}", file=sys.stderr)
-            sys.exit(1)
         if training.trainer.is_global_zero and not training.trainer.interrupted:
             steps = training.trainer.global_step
             record.write(folder, record.of_this_job("cdlm-train", cost, steps))

@@ -106,6 +106,17 @@ class Resume:
     ckpt: str | None
     searched: Path | None = None
 
+    def describe(self) -> str | None:
+        """What ``resume=auto`` found, in a line (None for ``resume`` as given)."""
+        if self.searched is None:
+            return None
+        if self.ckpt:
+            return f"resume=auto: resuming from {self.ckpt}"
+        return (
+            f"resume=auto: no checkpoint in {self.searched}, starting fresh (resume=auto "
+            "continues the run of the same hydra.run.dir)"
+        )
+
 
 def resume_point(cfg: DictConfig, folder: Path) -> Resume:
     """``resume`` as given, or for ``resume=auto`` the newest whole checkpoint of this run (whose

@@ -158,6 +158,16 @@ def of_this_job(command: str, cost: Cost, steps: int | None = None) -> Record:
     return Record(command, overrides, cost, commit=commit(), steps=steps)
 
 
+def skip_finished(prog: str) -> bool:
+    """Whether this multirun job's folder holds this job, finished (the same overrides), saying
+    so: ``resume=auto`` reruns of a killed grid redo only the jobs that wrote no record."""
+    job = multirun_job()
+    if job is None or finished(job) is None:
+        return False
+    print(f"{prog}: resume=auto: {job} holds this job, finished; skipped")
+    return True
+
+
 def finished(folder: Path) -> Record | None:
     """The folder's record when it holds a finished run of the Hydra job running now (the same
     overrides), else None."""
