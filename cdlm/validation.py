@@ -97,10 +97,12 @@ class Flag:
 
 Rule = Number | Choice | Flag
 COUNT = Number(integer=True, at_least=1)
+OPTIONAL_COUNT = Number(integer=True, at_least=1, nullable=True)
 SEED = Number(integer=True)
 POSITIVE = Number(above=0)
 FRACTION = Number(above=0, below=1)
 FLAG = Flag()
+SCALE = Number(at_least=0, note="(0: unconditional, 1: conditional)")  # guidance.scale
 _ABSENT = object()
 
 

@@ -13,20 +13,23 @@ import html
 import json
 from pathlib import Path
 
-from cdlm.canvas.record import Recorder
+from cdlm.canvas.record import Frame, Recorder
 from cdlm.canvas.terminal import LINE_BREAK, Pieces
 from cdlm.io import atomic_write_text
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>%(title)s</title>
-<style>
+# the canvas's look, shared with cdlm-serve's page (cdlm.serve.page)
+STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em}
 #canvas{font-family:ui-monospace,monospace;white-space:pre-wrap;line-height:1.7;
  border:1px solid #ccc;padding:.8em;min-height:8em}
 #canvas span{border-radius:3px}
 .u{color:#bbb}.c{background:#ffe066;font-weight:bold}.f{background:#cde8ff}
 label{margin-right:1.2em}#info{color:#555;margin:.4em 0}
-</style></head><body>
+"""
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>%(title)s</title>
+<style>%(style)s</style></head><body>
 <h2>%(title)s</h2><p>%(meta)s</p>
 <div><label>sample <select id="sample"></select></label>
 <label>colour <select id="mode"><option value="state">state</option>
@@ -79,26 +82,29 @@ $("slider").oninput = draw; $("mode").onchange = draw; $("sample").onchange = pi
 """
 
 
+def frame_data(f: Frame, row: int, length: int | None = None) -> dict:
+    """Row ``row`` of frame ``f`` (its first ``length`` positions; None: all) as plain lists:
+    what the page draws, here and in ``cdlm-serve``'s canvas stream."""
+    cut = slice(0, length)
+    return {
+        "step": f.step,
+        "t": f.t,
+        "s": f.s,
+        "nfe": f.nfe,
+        "tokens": f.tokens[row, cut].tolist(),
+        "decided": f.decided[row, cut].tolist(),
+        "changed": f.changed[row, cut].tolist(),
+        "confidence": [round(p, 3) for p in f.confidence[row, cut].tolist()],
+    }
+
+
 def trajectory_data(recorder: Recorder, tokenizer) -> dict:
     """The recorded frames of every sample as plain lists, with each used token's text."""
     pieces, used, samples = Pieces(tokenizer), set(), []
     for trajectory, row in recorder.rows():
-        frames = []
-        for f in trajectory.frames:
-            tokens = f.tokens[row].tolist()
-            used.update(tokens)
-            frames.append(
-                {
-                    "step": f.step,
-                    "t": f.t,
-                    "s": f.s,
-                    "nfe": f.nfe,
-                    "tokens": tokens,
-                    "decided": f.decided[row].tolist(),
-                    "changed": f.changed[row].tolist(),
-                    "confidence": [round(p, 3) for p in f.confidence[row].tolist()],
-                }
-            )
+        frames = [frame_data(f, row) for f in trajectory.frames]
+        for frame in frames:
+            used.update(frame["tokens"])
         samples.append({"frames": frames, "order": trajectory.order[row].tolist()})
     length = len(samples[0]["frames"][0]["tokens"]) if samples else 0
     fixed = recorder.fixed.tolist() if recorder.fixed is not None else [False] * length
@@ -115,6 +121,7 @@ def write_html(path: str | Path, recorder: Recorder, tokenizer, title: str, meta
         raise ValueError("nothing was recorded: the sampler made no step")
     data = json.dumps(trajectory_data(recorder, tokenizer), separators=(",", ":"))
     page = PAGE % {
+        "style": STYLE,
         "title": html.escape(title),
         "meta": html.escape(meta),
         "data": data.replace("</", "<\\/"),  # a token text cannot close the script

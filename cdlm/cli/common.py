@@ -105,16 +105,18 @@ def resolve_device(name: str) -> torch.device:
 
 
 def validate_model_and_output(cfg: DictConfig) -> None:
-    """``ckpt``, ``out`` and ``device`` of cdlm-sample and cdlm-eval; the model file is checked
-    last, so that every other mistake is named before a missing file."""
+    """``ckpt``, ``out`` (where the command has one) and ``device`` of cdlm-sample, cdlm-eval
+    and cdlm-serve; the model file is checked last, so that every other mistake is named before
+    a missing file."""
     require(
         cfg.ckpt is not None,
         "ckpt=PATH is required (a cdlm-train run folder, a model folder, its model.safetensors, "
         "or a Hugging Face Hub id)",
     )
-    relative = cfg.out is not None and not Path(str(cfg.out)).is_absolute()
+    out = cfg.get("out")
+    relative = out is not None and not Path(str(out)).is_absolute()
     # in a multirun a relative out= lands in each job's folder, which Hydra makes
-    require_output_file("out", cfg.out, per_job=relative and hydra_args().multirun)
+    require_output_file("out", out, per_job=relative and hydra_args().multirun)
     resolve_device(cfg.device)
     require_model_file(cfg.ckpt, base_ok=True, process=cfg.get("process"))
     require_world_options(cfg.ckpt, cfg.get("world_options"))

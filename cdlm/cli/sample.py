@@ -27,7 +27,19 @@ from cdlm.io import atomic_write_text
 from cdlm.model_file import Model, load_model
 from cdlm.regions import Layout
 from cdlm.samplers.grids import GRIDS
-from cdlm.validation import COUNT, FLAG, POSITIVE, SEED, Choice, Number, UsageError, check, require
+from cdlm.validation import (
+    COUNT,
+    FLAG,
+    OPTIONAL_COUNT,
+    POSITIVE,
+    SCALE,
+    SEED,
+    Choice,
+    Number,
+    UsageError,
+    check,
+    require,
+)
 
 
 def scales(cfg: DictConfig) -> list[float]:
@@ -37,7 +49,7 @@ def scales(cfg: DictConfig) -> list[float]:
 
 
 RULES = {
-    "steps": Number(integer=True, at_least=1, nullable=True),
+    "steps": OPTIONAL_COUNT,
     "num_samples": COUNT,
     "seq_len": Number(
         integer=True, at_least=1, nullable=True, note="(or null: the training length)"
@@ -50,12 +62,11 @@ RULES = {
     "progress": FLAG,
     "temperature": POSITIVE,
     "self_cond_scale": Number(at_least=0),
-    "max_new_tokens": Number(integer=True, at_least=1, nullable=True),
+    "max_new_tokens": OPTIONAL_COUNT,
     "guidance.on": Choice(GUIDE_ON),
     "show": Choice(("none", "canvas")),
     "edit_strength": Number(above=0, at_most=1),
 }
-SCALE = Number(at_least=0, note="(0: unconditional, 1: conditional)")
 
 
 def validate(cfg: DictConfig, overrides: list[str] | None = None) -> None:

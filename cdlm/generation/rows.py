@@ -68,12 +68,15 @@ def generate_rows(
     rows: list[Row],
     callback: Callback | None = None,
     what: str = "row",
+    seeds: list[int] | None = None,
 ) -> RowsGeneration:
     """Draws every row ``plan.num_samples`` times with ``sampler``, ``plan.batch_size`` rows per
     sampler call. ``plan.seq_len`` bounds each canvas (a prompt without ``max_new_tokens`` fills
     it); the plan's own layout and edit strength must be unset; ``plan.guidance`` may guide on
     the rows' fixed text (``guidance.on`` prompt or auto; no label). ``what`` names a row in
-    errors (``line`` for a prompts file)."""
+    errors (``line`` for a prompts file). ``seeds``: each row's own seed (one per row, with
+    ``plan.num_samples`` 1), so that requests batched together by ``cdlm.serve`` each draw as
+    their own seed alone would; None: ``member_seed(plan.seed, r)``."""
     process, network = model.process, model.network
     check_compatible(sampler, process.kind)
     if plan.layout is not None or plan.strength != 1.0:
@@ -86,6 +89,8 @@ def generate_rows(
             "prompt guidance needs a process whose network sees the whole canvas (masked, "
             "gaussian); the autoregressive baseline reads the prompt as its left context only"
         )
+    if seeds is not None and (plan.num_samples != 1 or len(seeds) != len(rows)):
+        raise ValueError("seeds= gives one seed per row, with num_samples 1")
     layouts = row_layouts(model, plan.seq_len, rows, what)
     layouts = [lay for lay in layouts for _ in range(plan.num_samples)]
     sources = [row for row in rows for _ in range(plan.num_samples)]
@@ -96,17 +101,20 @@ def generate_rows(
     with eval_mode(network):
         for first in range(0, len(layouts), size):
             batch = layouts[first : first + size]
-            seeds = [rng.member_seed(plan.seed, first + k) for k in range(len(batch))]
+            drawn = [
+                rng.member_seed(plan.seed, first + k) if seeds is None else seeds[first + k]
+                for k in range(len(batch))
+            ]
             lengths = [len(b.ids) for b in batch]
-            generator = rng.Rows([rng.generator(s, device) for s in seeds], lengths)
-            blanks = rng.Rows([rng.blanks_generator(s, device) for s in seeds], lengths)
+            generator = rng.Rows([rng.generator(s, device) for s in drawn], lengths)
+            blanks = rng.Rows([rng.blanks_generator(s, device) for s in drawn], lengths)
             x, denoiser = _padded(model, plan, batch, generator, blanks if guided else None)
             out = sampler(
                 denoiser, x, timesteps, process=process, generator=generator, callback=callback
             )
             for k, ids in enumerate(sampled_ids(model, plan, out)):
                 row, layout = sources[first + k], batch[k]
-                out_rows.append(_row_sample(model, row, layout, ids[: len(layout.ids)], seeds[k]))
+                out_rows.append(_row_sample(model, row, layout, ids[: len(layout.ids)], drawn[k]))
             calls = out.nfe + self_cond_extra(plan, out.nfe)
             width = max(len(b.ids) for b in batch)
             done = out.positions if out.positions is not None else out.nfe * width
