@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -156,7 +157,7 @@ def test_streamed_text_is_the_answer_and_canvases_come_at_every_step():
     assert any(c.get("content") for c in chunks[:-1])  # committed text came before the end
 
 
-def test_a_call_whose_clients_all_left_stops_at_the_next_step():
+def test_a_call_whose_clients_all_left_stops_at_the_next_step(capsys):
     api = world_api("masked")
     body = {"prompt": "the ", "max_tokens": 20, "seed": 1, "steps": 50, "stream": True}
     ask = api.decode_request(CompletionRequest(**body, stream_canvas=True, cdlm_request_id="r1"))
@@ -166,6 +167,10 @@ def test_a_call_whose_clients_all_left_stops_at_the_next_step():
         if len(chunks) == 3:  # the accept chunk and two steps
             api.gone["r1"] = True
     assert len(chunks) <= 5 and not any(c.get("done") for c in chunks), len(chunks)
+    stopped = re.search(
+        r"stopped a sampler call of 1 requests at step (\d+) of 50", capsys.readouterr().err
+    )
+    assert stopped and int(stopped[1]) <= 4, stopped  # read two steps; one ahead, one more
     assert "r1" not in api.gone  # forgotten once its batch is over
 
 
@@ -296,6 +301,22 @@ def test_stream_canvas_events_carry_the_canvas(server):
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert [e["canvas"]["step"] for e in events if "canvas" in e] == [0, 1, 2, 3]
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_call(server, client):
+    """The spec names a disconnected stream in ``gone``; the worker stops the call."""
+    import httpx
+
+    body = {"prompt": "the ", "max_tokens": 40, "seed": 1, "steps": 400, "stream": True}
+    with httpx.stream("POST", f"{server[0]}/v1/completions", json=body, timeout=60) as answer:
+        next(answer.iter_lines())  # the first event, then the client leaves
+    after = client.completions.create(model="m", prompt="a", max_tokens=4, extra_body={"seed": 1})
+    assert len(after.choices[0].text) == 4  # the others go on
+    for _ in range(100):
+        if "of 400: every client left" in server[1].read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(server[1].read_text()[-2000:])
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium (apt install chromium)")

@@ -188,11 +188,17 @@ class CdlmAPI(litserve.LitAPI):
         steps: queue.Queue = queue.Queue(maxsize=1)  # the call waits for its reader: a
         # client that leaves is noticed within a step of where its stream is
 
+        made = [0]  # sampler steps made
+
         def check() -> None:
+            made[0] += 1
             for s in members:
                 s.gone = s.gone or s.ask.id in self.gone
             if all(s.gone for s in members):
-                raise Stopped
+                raise Stopped(
+                    f"cdlm-serve: stopped a sampler call of {len(members)} requests at step "
+                    f"{made[0]} of {plan.steps}: every client left"
+                )
 
         def on_frame(frame: Frame, _trajectory) -> None:
             check()
@@ -221,6 +227,7 @@ class CdlmAPI(litserve.LitAPI):
         while True:
             frame, gen = steps.get()
             if isinstance(gen, Stopped):
+                print(gen, file=sys.stderr, flush=True)
                 return
             if isinstance(gen, Exception):
                 raise gen
